@@ -1,0 +1,1 @@
+"""`rtj demo` and `rtj bench`: fault rehearsal on the local cluster, and side-by-side benchmarks."""

@@ -1,0 +1,1 @@
+"""An embedded, Kubernetes-compatible control plane whose kubelet runs containers as local processes."""

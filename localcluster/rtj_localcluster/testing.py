@@ -1,0 +1,1 @@
+"""pytest fixtures for tests that need a Kubernetes API: the embedded local cluster by default."""

@@ -1,0 +1,3 @@
+"""The ResilientTrainingJob operator: API models, pure rendering and reconciling, kopf wiring."""
+
+__version__ = "0.1.0"
