@@ -1,0 +1,234 @@
+"""The fault-rehearsal report: recovery time, lost steps and goodput, computed from a run's timeline.
+
+Pure functions over plain records, shared by `rtj demo` and `rtj bench goodput`: the runners collect a
+timeline (step completions, checkpoint commits, injected faults, recoveries seen by each layer) and
+this module turns it into figures. Definitions follow the AWS NVRx-on-EKS sample:
+
+- training goodput = useful step time / wall time, where a step's time is useful only if its result
+  survived (steps recomputed after resuming from an older checkpoint count once, the lost run not at all);
+- steps lost for a fault = the last step completed before the fault - the step training resumed from;
+- recovery seconds for a fault = time of the first step completed after the fault - time of the fault.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Recovery layers, cheapest first. A fault is attributed to the most expensive layer that acted on it.
+LAYER_IN_PROCESS = "in-process"
+LAYER_IN_JOB = "in-job"
+LAYER_POD_REPLACEMENT = "pod-replacement"
+LAYER_JOB_RESTART = "job-restart"
+LAYER_ORDER = (LAYER_IN_PROCESS, LAYER_IN_JOB, LAYER_POD_REPLACEMENT, LAYER_JOB_RESTART)
+
+# Which layer each fault class should be recovered by when every layer is enabled.
+INTENDED_LAYER = {
+    "exception": LAYER_IN_PROCESS,
+    "sigkill": LAYER_IN_JOB,
+    "hang": LAYER_IN_JOB,
+    "node-loss": LAYER_POD_REPLACEMENT,
+}
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A training step completed (as seen by global rank 0) at wall-clock `time` (seconds)."""
+
+    time: float
+    step: int
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    """A fault injected at `time`; `kind` is one of INTENDED_LAYER's keys."""
+
+    time: float
+    kind: str
+
+
+@dataclass(frozen=True)
+class RecoveryRecord:
+    """A layer acted (restarted something) at `time`."""
+
+    time: float
+    layer: str
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A checkpoint of `step` was committed (complete on storage) at `time`."""
+
+    time: float
+    step: int
+
+
+@dataclass
+class FaultReport:
+    kind: str
+    time: float
+    intended_layer: str
+    recovered_by: str | None
+    recovery_seconds: float | None
+    steps_lost: int | None
+    step_at_fault: int | None
+    resumed_from_step: int | None
+
+    @property
+    def as_intended(self) -> bool:
+        return self.recovered_by == self.intended_layer
+
+
+@dataclass
+class RunReport:
+    wall_seconds: float
+    useful_seconds: float
+    training_goodput: float
+    final_step: int
+    steps_computed: int
+    median_step_seconds: float
+    checkpoints: int
+    faults: list[FaultReport] = field(default_factory=list)
+
+    @property
+    def all_recovered_as_intended(self) -> bool:
+        return all(f.as_intended for f in self.faults)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for fault, entry in zip(self.faults, data["faults"], strict=True):
+            entry["as_intended"] = fault.as_intended
+        data["all_recovered_as_intended"] = self.all_recovered_as_intended
+        return data
+
+
+def _sorted_steps(steps: Iterable[StepRecord]) -> list[StepRecord]:
+    return sorted(steps, key=lambda s: (s.time, s.step))
+
+
+def step_durations(steps: Sequence[StepRecord], faults: Sequence[FaultRecord]) -> list[float | None]:
+    """Duration of each step: the gap to the previous record when it is the previous step of the same
+    uninterrupted run, else None (the first step of a run also carries start-up or recovery time)."""
+    fault_times = sorted(f.time for f in faults)
+    durations: list[float | None] = []
+    for i, record in enumerate(steps):
+        if i == 0:
+            durations.append(None)
+            continue
+        prev = steps[i - 1]
+        interrupted = any(prev.time < t <= record.time for t in fault_times)
+        if record.step == prev.step + 1 and not interrupted:
+            durations.append(record.time - prev.time)
+        else:
+            durations.append(None)
+    return durations
+
+
+def useful_step_seconds(steps: Sequence[StepRecord], faults: Sequence[FaultRecord]) -> tuple[float, float]:
+    """(useful seconds, median step seconds). A step number that was computed more than once (redone
+    after a resume from an older checkpoint) counts only for its last computation; steps whose own
+    duration is unknown (first of a run) count at the median step time."""
+    ordered = _sorted_steps(steps)
+    durations = step_durations(ordered, faults)
+    known = [d for d in durations if d is not None]
+    median = statistics.median(known) if known else 0.0
+    last_duration: dict[int, float] = {}
+    for record, duration in zip(ordered, durations, strict=True):
+        last_duration[record.step] = median if duration is None else duration
+    return sum(last_duration.values()), median
+
+
+def attribute_fault(
+    fault: FaultRecord,
+    steps: Sequence[StepRecord],
+    recoveries: Sequence[RecoveryRecord],
+    next_fault_time: float | None,
+) -> FaultReport:
+    """Recovery time, lost steps and the recovering layer of one fault."""
+    ordered = _sorted_steps(steps)
+    before = [s for s in ordered if s.time <= fault.time]
+    after = [
+        s for s in ordered if s.time > fault.time and (next_fault_time is None or s.time <= next_fault_time)
+    ]
+    step_at_fault = before[-1].step if before else None
+    first_after = after[0] if after else None
+    window_end = first_after.time if first_after else next_fault_time
+    acting = [
+        r.layer
+        for r in recoveries
+        if r.time >= fault.time and (window_end is None or r.time <= window_end) and r.layer in LAYER_ORDER
+    ]
+    recovered_by = max(acting, key=LAYER_ORDER.index) if acting else None
+    resumed_from = first_after.step - 1 if first_after else None
+    steps_lost = None
+    if step_at_fault is not None and resumed_from is not None:
+        steps_lost = max(0, step_at_fault - resumed_from)
+    return FaultReport(
+        kind=fault.kind,
+        time=fault.time,
+        intended_layer=INTENDED_LAYER.get(fault.kind, "unknown"),
+        recovered_by=recovered_by,
+        recovery_seconds=(first_after.time - fault.time) if first_after else None,
+        steps_lost=steps_lost,
+        step_at_fault=step_at_fault,
+        resumed_from_step=resumed_from,
+    )
+
+
+def build_report(
+    steps: Sequence[StepRecord],
+    faults: Sequence[FaultRecord],
+    recoveries: Sequence[RecoveryRecord],
+    checkpoints: Sequence[CheckpointRecord],
+    *,
+    start_time: float | None = None,
+    end_time: float | None = None,
+) -> RunReport:
+    """The whole run's report. Wall time runs from `start_time` (default: the start of the first step)
+    to `end_time` (default: the last step completion)."""
+    ordered = _sorted_steps(steps)
+    if not ordered:
+        raise ValueError("no training step was recorded")
+    useful, median = useful_step_seconds(ordered, faults)
+    begin = start_time if start_time is not None else ordered[0].time - median
+    end = end_time if end_time is not None else ordered[-1].time
+    wall = max(end - begin, 1e-9)
+    fault_list = sorted(faults, key=lambda f: f.time)
+    reports = []
+    for i, fault in enumerate(fault_list):
+        next_time = fault_list[i + 1].time if i + 1 < len(fault_list) else None
+        reports.append(attribute_fault(fault, ordered, recoveries, next_time))
+    return RunReport(
+        wall_seconds=wall,
+        useful_seconds=useful,
+        training_goodput=min(1.0, useful / wall),
+        final_step=max(s.step for s in ordered),
+        steps_computed=len(ordered),
+        median_step_seconds=median,
+        checkpoints=len(checkpoints),
+        faults=reports,
+    )
+
+
+def format_table(report: RunReport) -> str:
+    """A plain-text table of the faults and the run's goodput, for the terminal."""
+    header = f"{'fault':<10} {'recovered by':<16} {'intended':<16} {'seconds':>8} {'steps lost':>10}"
+    lines = [header, "-" * len(header)]
+    for f in report.faults:
+        seconds = "-" if f.recovery_seconds is None else f"{f.recovery_seconds:.1f}"
+        lost = "-" if f.steps_lost is None else str(f.steps_lost)
+        mark = "" if f.as_intended else "  (!)"
+        layer = f.recovered_by or "none"
+        lines.append(f"{f.kind:<10} {layer:<16} {f.intended_layer:<16} {seconds:>8} {lost:>10}{mark}")
+    lines.append("")
+    lines.append(
+        f"steps: {report.final_step} final, {report.steps_computed} computed; "
+        f"median step {report.median_step_seconds:.3f} s; checkpoints: {report.checkpoints}"
+    )
+    lines.append(
+        f"goodput: {report.training_goodput:.1%} "
+        f"({report.useful_seconds:.1f} s useful of {report.wall_seconds:.1f} s wall)"
+    )
+    return "\n".join(lines)

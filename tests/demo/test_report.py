@@ -1,0 +1,124 @@
+"""The report math (goodput, lost steps, recovery attribution) on fixed timelines."""
+
+import pytest
+from rtj_demo.report import (
+    LAYER_IN_JOB,
+    LAYER_IN_PROCESS,
+    LAYER_POD_REPLACEMENT,
+    CheckpointRecord,
+    FaultRecord,
+    RecoveryRecord,
+    StepRecord,
+    build_report,
+    format_table,
+    useful_step_seconds,
+)
+
+
+def _run(start_time: float, first_step: int, last_step: int, step_seconds: float = 1.0) -> list[StepRecord]:
+    return [
+        StepRecord(time=start_time + i * step_seconds, step=s)
+        for i, s in enumerate(range(first_step, last_step + 1))
+    ]
+
+
+def _timeline() -> tuple[list[StepRecord], list[FaultRecord], list[RecoveryRecord], list[CheckpointRecord]]:
+    # steps 1..10 at t=1..10; an exception at 10.5 recovered in-process (in-memory state, nothing lost);
+    # step 11 at 11.5, steps 12..20 at 12.5..20.5; SIGKILL at 21.0; the newest complete checkpoint is
+    # step 15, so training resumes at step 16 (t=28.0) and redoes 16..20; steps 17..25 at 29..37.
+    steps = _run(1.0, 1, 10) + _run(11.5, 11, 20) + _run(28.0, 16, 25)
+    faults = [FaultRecord(time=10.5, kind="exception"), FaultRecord(time=21.0, kind="sigkill")]
+    recoveries = [
+        RecoveryRecord(time=10.8, layer=LAYER_IN_PROCESS),
+        RecoveryRecord(time=25.0, layer=LAYER_IN_JOB),
+    ]
+    checkpoints = [CheckpointRecord(time=5.2, step=5), CheckpointRecord(time=15.7, step=15)]
+    return steps, faults, recoveries, checkpoints
+
+
+def test_recovery_seconds_lost_steps_and_layers() -> None:
+    report = build_report(*_timeline())
+    exception, sigkill = report.faults
+    assert exception.recovered_by == LAYER_IN_PROCESS
+    assert exception.recovery_seconds == pytest.approx(1.0)
+    assert exception.steps_lost == 0
+    assert exception.as_intended
+    assert sigkill.recovered_by == LAYER_IN_JOB
+    assert sigkill.recovery_seconds == pytest.approx(7.0)
+    assert sigkill.step_at_fault == 20
+    assert sigkill.resumed_from_step == 15
+    assert sigkill.steps_lost == 5
+    assert report.all_recovered_as_intended
+
+
+def test_goodput_counts_redone_steps_once() -> None:
+    report = build_report(*_timeline())
+    # 25 distinct steps of 1 s each are useful; wall runs from the first step's start (t=0) to t=37.
+    assert report.useful_seconds == pytest.approx(25.0)
+    assert report.wall_seconds == pytest.approx(37.0)
+    assert report.training_goodput == pytest.approx(25.0 / 37.0)
+    assert report.final_step == 25
+    assert report.steps_computed == 30
+    assert report.checkpoints == 2
+
+
+def test_explicit_wall_window() -> None:
+    report = build_report(*_timeline(), start_time=-3.0, end_time=40.0)
+    assert report.wall_seconds == pytest.approx(43.0)
+    assert report.training_goodput == pytest.approx(25.0 / 43.0)
+
+
+def test_most_expensive_acting_layer_wins() -> None:
+    # A node loss: survivors restart in-job, and the operator replaces the lost pod.
+    steps = _run(1.0, 1, 10) + _run(30.0, 9, 12)
+    faults = [FaultRecord(time=10.2, kind="node-loss")]
+    recoveries = [
+        RecoveryRecord(time=14.0, layer=LAYER_IN_JOB),
+        RecoveryRecord(time=15.0, layer=LAYER_POD_REPLACEMENT),
+        RecoveryRecord(time=31.0, layer=LAYER_IN_PROCESS),  # after the first new step: not this fault's
+    ]
+    (fault,) = build_report(steps, faults, recoveries, []).faults
+    assert fault.recovered_by == LAYER_POD_REPLACEMENT
+    assert fault.as_intended
+    assert fault.steps_lost == 2
+    assert fault.recovery_seconds == pytest.approx(19.8)
+
+
+def test_unrecovered_fault_is_reported_as_such() -> None:
+    steps = _run(1.0, 1, 5)
+    faults = [FaultRecord(time=5.5, kind="hang")]
+    report = build_report(steps, faults, [], [])
+    (fault,) = report.faults
+    assert fault.recovered_by is None
+    assert fault.recovery_seconds is None
+    assert fault.steps_lost is None
+    assert not report.all_recovered_as_intended
+    assert "(!)" in format_table(report)
+
+
+def test_wrong_layer_is_flagged() -> None:
+    steps = _run(1.0, 1, 5) + _run(20.0, 4, 6)
+    faults = [FaultRecord(time=5.5, kind="exception")]
+    recoveries = [RecoveryRecord(time=10.0, layer=LAYER_IN_JOB)]
+    (fault,) = build_report(steps, faults, recoveries, []).faults
+    assert fault.recovered_by == LAYER_IN_JOB
+    assert not fault.as_intended
+
+
+def test_useful_time_uses_measured_durations() -> None:
+    steps = [StepRecord(0.0, 1), StepRecord(0.5, 2), StepRecord(1.5, 3), StepRecord(2.0, 4)]
+    useful, median = useful_step_seconds(steps, [])
+    assert median == pytest.approx(0.5)
+    # step 1's own duration is unknown (start-up): counted at the median.
+    assert useful == pytest.approx(0.5 + 0.5 + 1.0 + 0.5)
+
+
+def test_empty_timeline_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no training step"):
+        build_report([], [], [], [])
+
+
+def test_json_round_trip_marks_intent() -> None:
+    data = build_report(*_timeline()).to_json()
+    assert data["all_recovered_as_intended"] is True
+    assert [f["as_intended"] for f in data["faults"]] == [True, True]
