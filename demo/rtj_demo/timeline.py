@@ -1,0 +1,200 @@
+"""A rehearsal's timeline, gathered from what each component records, for `report.build_report`.
+
+Sources, all read after (or while) the job runs:
+
+- the trainer's progress file sink (JSON lines, one progress record per line in the shape of the
+  progress contract in docs/architecture.md): step completions, committed checkpoints and the
+  recovery events the trainer saw (in-process restarts, in-job restarts by ft_launcher);
+- the trainer's fault markers (`<checkpoint dir>/faults-fired/*.json`, written by
+  `rtj_trainer.faults` just before a planned fault fires): the time and kind of each injected fault;
+- the operator's Events on the job (`WorkerReplaced`, `GangRestart`): pod replacements and job
+  restarts, with their timestamps;
+- the rehearsal's own record of faults it injected from outside (a node killed).
+
+Everything is converted to epoch seconds. Parsing is pure: callers read the files and the API.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rtj_demo.report import (
+    LAYER_IN_JOB,
+    LAYER_IN_PROCESS,
+    LAYER_JOB_RESTART,
+    LAYER_POD_REPLACEMENT,
+    CheckpointRecord,
+    FaultRecord,
+    RecoveryRecord,
+    RunReport,
+    StepRecord,
+    build_report,
+)
+
+# Trainer recovery-event kinds -> the layer that acted.
+TRAINER_EVENT_LAYERS = {
+    "InProcessRestart": LAYER_IN_PROCESS,
+    "InJobRestart": LAYER_IN_JOB,
+}
+# Operator Event reasons -> the layer that acted.
+OPERATOR_EVENT_LAYERS = {
+    "WorkerReplaced": LAYER_POD_REPLACEMENT,
+    "GangRestart": LAYER_JOB_RESTART,
+}
+
+
+def parse_time(value: Any) -> float | None:
+    """Epoch seconds from an RFC 3339 string (any precision, `Z` or an offset) or a number."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    text = str(value).strip()
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass
+class Timeline:
+    """Everything `report.build_report` needs, plus the window the run's wall time is measured in."""
+
+    steps: list[StepRecord] = field(default_factory=list)
+    faults: list[FaultRecord] = field(default_factory=list)
+    recoveries: list[RecoveryRecord] = field(default_factory=list)
+    checkpoints: list[CheckpointRecord] = field(default_factory=list)
+    start_time: float | None = None
+    end_time: float | None = None
+
+    def report(self) -> RunReport:
+        return build_report(
+            self.steps,
+            self.faults,
+            self.recoveries,
+            self.checkpoints,
+            start_time=self.start_time,
+            end_time=self.end_time,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "start_time": self.start_time,
+            "end_time": self.end_time,
+            "steps": [[s.time, s.step] for s in self.steps],
+            "faults": [{"time": f.time, "kind": f.kind} for f in self.faults],
+            "recoveries": [{"time": r.time, "layer": r.layer} for r in self.recoveries],
+            "checkpoints": [[c.time, c.step] for c in self.checkpoints],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Timeline:
+        return cls(
+            steps=[StepRecord(time=t, step=s) for t, s in data.get("steps", [])],
+            faults=[FaultRecord(time=f["time"], kind=f["kind"]) for f in data.get("faults", [])],
+            recoveries=[RecoveryRecord(time=r["time"], layer=r["layer"]) for r in data.get("recoveries", [])],
+            checkpoints=[CheckpointRecord(time=t, step=s) for t, s in data.get("checkpoints", [])],
+            start_time=data.get("start_time"),
+            end_time=data.get("end_time"),
+        )
+
+    def extend(self, other: Timeline) -> None:
+        self.steps += other.steps
+        self.faults += other.faults
+        self.recoveries += other.recoveries
+        self.checkpoints += other.checkpoints
+
+
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file; a torn last line (the writer was killed) is skipped."""
+    records: list[dict[str, Any]] = []
+    if not path.is_file():
+        return records
+    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not raw.strip():
+            continue
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            records.append(value)
+    return records
+
+
+def from_progress_records(records: Iterable[Mapping[str, Any]]) -> Timeline:
+    """Steps, checkpoints and trainer recovery events from progress records.
+
+    Records of several pods may be mixed: a step counts once per (step, time) and an event once per
+    (kind, time), because each node's local rank 0 reports the same event and the newest 20 events are
+    repeated in every record.
+    """
+    timeline = Timeline()
+    seen_steps: set[tuple[int, float]] = set()
+    seen_events: set[tuple[str, float]] = set()
+    seen_ckpts: dict[int, float] = {}
+    for record in records:
+        step = record.get("step")
+        when = parse_time(record.get("stepTime") or record.get("time"))
+        if isinstance(step, int) and step > 0 and when is not None and (step, when) not in seen_steps:
+            seen_steps.add((step, when))
+            timeline.steps.append(StepRecord(time=when, step=step))
+        ckpt = record.get("lastCheckpoint") or {}
+        ckpt_step, ckpt_time = ckpt.get("step"), parse_time(ckpt.get("time"))
+        if isinstance(ckpt_step, int) and ckpt_time is not None:
+            # The first report of a commit is the closest to its real time.
+            seen_ckpts.setdefault(ckpt_step, ckpt_time)
+        for event in record.get("events") or []:
+            kind, ev_time = event.get("kind"), parse_time(event.get("time"))
+            layer = TRAINER_EVENT_LAYERS.get(str(kind))
+            if layer is None or ev_time is None or (kind, ev_time) in seen_events:
+                continue
+            seen_events.add((str(kind), ev_time))
+            timeline.recoveries.append(RecoveryRecord(time=ev_time, layer=layer))
+    timeline.checkpoints = [CheckpointRecord(time=t, step=s) for s, t in sorted(seen_ckpts.items())]
+    timeline.steps.sort(key=lambda s: (s.time, s.step))
+    timeline.recoveries.sort(key=lambda r: r.time)
+    return timeline
+
+
+def faults_from_markers(marker_dir: Path) -> list[FaultRecord]:
+    """The faults the trainer fired, from its markers; a fault fired on several ranks counts once."""
+    fired: dict[tuple[str, int], float] = {}
+    if marker_dir.is_dir():
+        for path in sorted(marker_dir.glob("*.json")):
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                continue
+            kind, step, when = data.get("kind"), data.get("step"), parse_time(data.get("time"))
+            if not isinstance(kind, str) or when is None:
+                continue
+            key = (kind, int(step) if isinstance(step, int) else -1)
+            fired[key] = min(when, fired.get(key, when))
+    return sorted((FaultRecord(time=t, kind=k) for (k, _), t in fired.items()), key=lambda f: f.time)
+
+
+def recoveries_from_events(events: Iterable[Mapping[str, Any]]) -> list[RecoveryRecord]:
+    """Pod replacements and job restarts from the operator's Events (dicts as the API returns them)."""
+    out: list[RecoveryRecord] = []
+    for event in events:
+        layer = OPERATOR_EVENT_LAYERS.get(str(event.get("reason")))
+        if layer is None:
+            continue
+        meta = event.get("metadata") or {}
+        when = (
+            parse_time(event.get("eventTime"))
+            or parse_time(event.get("lastTimestamp"))
+            or parse_time(event.get("firstTimestamp"))
+            or parse_time(meta.get("creationTimestamp"))
+        )
+        if when is not None:
+            out.append(RecoveryRecord(time=when, layer=layer))
+    return sorted(out, key=lambda r: r.time)

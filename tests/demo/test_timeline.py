@@ -1,0 +1,168 @@
+"""Turning the components' records into a timeline, the plot file, the live line and the process tag."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rtj_demo import processes
+from rtj_demo.live import LiveLine, Snapshot, format_line
+from rtj_demo.plot import plot_runs, plot_timeline
+from rtj_demo.report import LAYER_IN_JOB, LAYER_IN_PROCESS, LAYER_JOB_RESTART, LAYER_POD_REPLACEMENT
+from rtj_demo.timeline import (
+    Timeline,
+    faults_from_markers,
+    from_progress_records,
+    parse_time,
+    read_json_lines,
+    recoveries_from_events,
+)
+
+
+def _iso(epoch: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
+
+def test_parse_time_accepts_rfc3339_variants() -> None:
+    assert parse_time("1970-01-01T00:00:10Z") == 10.0
+    assert parse_time("1970-01-01T00:00:10.250000+00:00") == 10.25
+    assert parse_time(12) == 12.0
+    assert parse_time(None) is None
+    assert parse_time("not a time") is None
+
+
+def test_progress_records_give_steps_checkpoints_and_trainer_recoveries() -> None:
+    base = 1_000_000.0
+    event = {"time": _iso(base + 3.5), "kind": "InProcessRestart", "step": 3, "recoverySeconds": 0.5}
+    records = [
+        {"v": 1, "time": _iso(base + 1), "nodeRank": 0, "step": 1, "events": []},
+        {"v": 1, "time": _iso(base + 2), "nodeRank": 0, "step": 2,
+         "lastCheckpoint": {"step": 2, "time": _iso(base + 2.2)}},
+        # node 1 reports the same checkpoint later: the first report's time is kept.
+        {"v": 1, "time": _iso(base + 2.5), "nodeRank": 1, "step": 2,
+         "lastCheckpoint": {"step": 2, "time": _iso(base + 2.4)}},
+        {"v": 1, "time": _iso(base + 4), "nodeRank": 0, "step": 3, "events": [event]},
+        # the same event repeated in the next record, and an in-job restart.
+        {"v": 1, "time": _iso(base + 9), "nodeRank": 1, "step": 3,
+         "events": [event, {"time": _iso(base + 8), "kind": "InJobRestart", "step": 3}]},
+    ]  # fmt: skip
+    timeline = from_progress_records(records)
+    assert [(s.step, s.time - base) for s in timeline.steps] == [(1, 1), (2, 2), (2, 2.5), (3, 4), (3, 9)]
+    assert [(c.step, c.time - base) for c in timeline.checkpoints] == [(2, pytest.approx(2.2))]
+    assert [(r.layer, r.time - base) for r in timeline.recoveries] == [
+        (LAYER_IN_PROCESS, 3.5),
+        (LAYER_IN_JOB, 8.0),
+    ]
+
+
+def test_json_lines_skip_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "progress.jsonl"
+    path.write_text('{"step": 1}\n\n{"step": 2}\n{"step": 3, "ti', encoding="utf-8")
+    assert read_json_lines(path) == [{"step": 1}, {"step": 2}]
+    assert read_json_lines(tmp_path / "missing.jsonl") == []
+
+
+def test_fault_markers_count_each_fault_once(tmp_path: Path) -> None:
+    marker_dir = tmp_path / "faults-fired"
+    marker_dir.mkdir()
+    for rank, when in ((0, 10.2), (1, 10.1)):
+        (marker_dir / f"fault-0-step-5-rank-{rank}.json").write_text(
+            json.dumps({"kind": "exception", "step": 5, "rank": rank, "time": when})
+        )
+    (marker_dir / "fault-1-step-9-rank-1.json").write_text(
+        json.dumps({"kind": "sigkill", "step": 9, "rank": 1, "time": 20.0})
+    )
+    (marker_dir / "fault-2-step-12-rank-1.json").write_text("{torn")
+    faults = faults_from_markers(marker_dir)
+    assert [(f.kind, f.time) for f in faults] == [("exception", 10.1), ("sigkill", 20.0)]
+    assert faults_from_markers(tmp_path / "absent") == []
+
+
+def test_operator_events_give_pod_replacements_and_gang_restarts() -> None:
+    events = [
+        {"reason": "NodeLost", "eventTime": "1970-01-01T00:00:05.000000Z"},
+        {"reason": "WorkerReplaced", "eventTime": "1970-01-01T00:00:06.500000Z"},
+        {"reason": "GangRestart", "eventTime": None, "lastTimestamp": "1970-01-01T00:00:09Z"},
+    ]
+    assert [(r.layer, r.time) for r in recoveries_from_events(events)] == [
+        (LAYER_POD_REPLACEMENT, 6.5),
+        (LAYER_JOB_RESTART, 9.0),
+    ]
+
+
+def _sample_timeline() -> Timeline:
+    base = 100.0
+    timeline = from_progress_records(
+        [{"time": _iso(base + i * 0.5), "step": i} for i in range(1, 21)]
+        + [{"time": _iso(base + 15 + i * 0.5), "step": i} for i in range(16, 31)]
+    )
+    timeline.faults = faults_from_markers(Path("/nonexistent"))
+    from rtj_demo.report import CheckpointRecord, FaultRecord, RecoveryRecord
+
+    timeline.faults.append(FaultRecord(time=base + 10.2, kind="sigkill"))
+    timeline.recoveries.append(RecoveryRecord(time=base + 12.0, layer=LAYER_IN_JOB))
+    timeline.checkpoints.append(CheckpointRecord(time=base + 7.6, step=15))
+    timeline.start_time = base
+    return timeline
+
+
+def test_timeline_json_round_trip_and_report() -> None:
+    timeline = _sample_timeline()
+    again = Timeline.from_json(json.loads(json.dumps(timeline.to_json())))
+    assert again == timeline
+    report = again.report()
+    (fault,) = report.faults
+    assert fault.recovered_by == LAYER_IN_JOB
+    assert fault.steps_lost == 5
+    assert fault.recovery_seconds == pytest.approx(15 + 8 - 10.2)
+
+
+def test_plot_files_are_written(tmp_path: Path) -> None:
+    timeline = _sample_timeline()
+    report = timeline.report()
+    one = plot_timeline(timeline, report, tmp_path / "one" / "timeline.png", title="demo")
+    assert one.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    both = plot_runs([("a", timeline, report), ("b", timeline, None)], tmp_path / "both.png")
+    assert both.stat().st_size > one.stat().st_size / 2
+    with pytest.raises(ValueError, match="nothing to plot"):
+        plot_runs([], tmp_path / "none.png")
+
+
+def test_live_line_prints_changes_and_periodic_lines_when_not_a_tty() -> None:
+    out = io.StringIO()
+    live = LiveLine(out, interval=3600)
+    snap = Snapshot(step=10, total=100, state="Running", restarts={"in-process": 0})
+    live.update(snap)
+    live.update(Snapshot(step=11, total=100, state="Running", restarts={"in-process": 0}))  # no change
+    live.update(Snapshot(step=12, total=100, state="Running", restarts={"in-process": 1}))
+    live.note("fault: node killed")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert "step 10/100" in lines[0] and "in-process 0" in lines[0]
+    assert "in-process 1" in lines[1]
+    assert lines[2] == "fault: node killed"
+    assert format_line(Snapshot(step=50, total=100)).startswith("[" + "#" * 10 + "." * 10 + "]")
+
+
+def test_tagged_processes_find_descendants_even_when_orphaned() -> None:
+    run_id = processes.tag_environment()
+    try:
+        # The child starts a grandchild and exits at once: the grandchild is re-parented, yet found.
+        code = (
+            "import subprocess, sys; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+        found = processes.tagged_processes(run_id)
+        assert len(found) == 1
+        assert "time.sleep(60)" in processes.describe(found)
+        killed = processes.reap(run_id, timeout=0.5)
+        assert [p.pid for p in killed] == [p.pid for p in found]
+        assert processes.tagged_processes(run_id) == []
+    finally:
+        os.environ.pop(processes.RUN_TAG, None)
