@@ -1,0 +1,207 @@
+"""The Helm chart lints clean, renders the objects users rely on, and rejects bad values.
+
+Rendering goes through Helm 4's own engine (helm-python-sdk), including the values.schema.json
+check that `helm install` runs before anything reaches the cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import helm_python as helm
+import pytest
+from chart_support import CHART, EXAMPLE_VALUES, NAMESPACE, load_values, objects_of, one, render, value_sets
+
+STANDARD_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+)
+
+
+def test_example_values_files_exist() -> None:
+    assert {path.name for path in EXAMPLE_VALUES} >= {"namespaced-values.yaml", "minimal-values.yaml"}
+
+
+@pytest.mark.parametrize("values_name", list(value_sets()))
+def test_lint_strict_has_no_warnings_or_errors(values_name: str) -> None:
+    report = helm.lint(
+        CHART, value_sets()[values_name], strict=True, namespace=NAMESPACE, kube_version="v1.32.0"
+    )
+    assert report["errors"] == []
+    # Severity 1 is informational ("icon is recommended"); 2 and 3 are warnings and errors.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("values_name", list(value_sets()))
+def test_every_object_has_the_standard_labels_and_a_namespace_when_namespaced(values_name: str) -> None:
+    objects = render(value_sets()[values_name])
+    assert objects
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        missing = [key for key in STANDARD_LABELS if key not in labels]
+        assert not missing, f"{obj['kind']}/{obj['metadata']['name']} lacks {missing}"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding"}:
+            assert obj["metadata"].get("namespace"), f"{obj['kind']} has no explicit namespace"
+
+
+def test_default_install_runs_one_restricted_operator_for_all_namespaces() -> None:
+    objects = render()
+    kinds = sorted(obj["kind"] for obj in objects)
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ClusterRoleBinding",
+        "Deployment",
+        "NetworkPolicy",
+        "Service",
+        "ServiceAccount",
+    ]
+    deployment = one(objects, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert (
+        isinstance(pod["securityContext"]["runAsUser"], int) and pod["securityContext"]["runAsUser"] >= 10000
+    )
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is True
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/resilient-training/rtj-operator:0.1.0"
+    assert container["args"] == [
+        "--all-namespaces",
+        "--liveness=http://0.0.0.0:8080/healthz",
+        "--metrics-port=9090",
+    ]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"healthz": 8080, "metrics": 9090}
+    assert set(container["resources"]) == {"requests", "limits"}
+    # The ServiceAccount does not hand its token to every pod that uses it.
+    assert one(objects, "ServiceAccount")["automountServiceAccountToken"] is False
+    service = one(objects, "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_namespaced_example_grants_per_namespace_roles_and_watches_only_those() -> None:
+    values = load_values(CHART / "ci" / "namespaced-values.yaml")
+    objects = render(values)
+    roles = objects_of(objects, "Role")
+    bindings = objects_of(objects, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "rtj-resilient-training-operator", "namespace": NAMESPACE}
+        ]
+    # Only the cluster-scoped rules stay cluster-wide.
+    (cluster_role,) = objects_of(objects, "ClusterRole")
+    assert cluster_role["metadata"]["name"].endswith("-cluster")
+    (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
+    assert "--all-namespaces" not in container["args"]
+    assert container["image"].endswith("@" + values["image"]["digest"])
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items()
+        <= one(objects, "Service")["metadata"]["labels"].items()
+    )
+    policy = one(objects, "NetworkPolicy")
+    assert policy["spec"]["ingress"][0]["from"] == values["networkPolicy"]["metricsFrom"]
+
+
+def test_minimal_example_has_no_metrics_objects_and_uses_the_named_service_account() -> None:
+    objects = render(load_values(CHART / "ci" / "minimal-values.yaml"))
+    assert objects_of(objects, "Service") == []
+    assert objects_of(objects, "ServiceAccount") == []
+    assert objects_of(objects, "NetworkPolicy") == []
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "rtj-operator"
+    assert not any(arg.startswith("--metrics-port") for arg in pod["containers"][0]["args"])
+    for binding in objects_of(objects, "ClusterRoleBinding"):
+        assert binding["subjects"][0]["name"] == "rtj-operator"
+
+
+def test_node_patch_is_granted_only_when_tainting_is_enabled() -> None:
+    def node_verbs(values: dict[str, Any] | None) -> set[str]:
+        rules = [rule for role in objects_of(render(values), "ClusterRole") for rule in role["rules"]]
+        return {verb for rule in rules if "nodes" in rule["resources"] for verb in rule["verbs"]}
+
+    assert node_verbs(None) == {"get", "list", "watch"}
+    assert node_verbs({"nodeTainting": {"enabled": True}}) == {"get", "list", "watch", "patch"}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"metrics": {"port": "9090"}}, "/metrics/port"),
+        ({"metrics": {"port": 80}}, "/metrics/port"),
+        ({"imagee": {"tag": "1.0"}}, "imagee"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"image": {"digest": "latest"}}, "/image/digest"),
+        ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
+        ({"watchNamespaces": "team-a"}, "/watchNamespaces"),
+        ({"resources": {"limits": {"cpus": "1"}}}, "cpus"),
+        ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
+        ({"securityContext": {"runAsUser": 0}}, "/securityContext/runAsUser"),
+        ({"securityContext": {"privileged": True}}, "privileged"),
+        ({"tolerations": [{"key": "a", "operator": "Matches"}]}, "/tolerations/0/operator"),
+        ({"metrics": {"serviceMonitor": {"interval": "soon"}}}, "/metrics/serviceMonitor/interval"),
+        ({"livenessProbe": {"periodSeconds": 0}}, "/livenessProbe/periodSeconds"),
+    ],
+)
+def test_schema_rejects_bad_values_before_rendering(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
+        render(values)
+
+
+def test_service_monitor_without_a_metrics_service_fails_with_a_clear_message() -> None:
+    with pytest.raises(helm.HelmError, match=re.escape("serviceMonitor.enabled needs")):
+        render({"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}})
+
+
+def test_existing_service_account_must_be_named() -> None:
+    with pytest.raises(helm.HelmError, match=re.escape("serviceAccount.name is required")):
+        render({"serviceAccount": {"create": False}})
+
+
+def test_values_file_documents_every_key() -> None:
+    """Each value has a comment right above it, or sits in a block whose key is commented."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    undocumented: list[str] = []
+    stack: list[tuple[int, bool]] = []  # (indent, documented) of the enclosing keys
+    previous = ""
+    for line in lines:
+        stripped = line.strip()
+        if stripped and not stripped.startswith(("#", "-")) and ":" in stripped:
+            indent = len(line) - len(line.lstrip())
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            documented = previous.startswith("#") or any(doc for _, doc in stack)
+            key, _, rest = stripped.partition(":")
+            if rest.strip() and not documented:
+                undocumented.append(key)
+            stack.append((indent, documented))
+        if stripped:
+            previous = stripped
+    assert undocumented == []
