@@ -4,6 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# checkov (security scan of the chart and manifests) pins packaging<24, networkx<3 and
+# python-dateutil<3, which conflict with torch's and the kubernetes client's needs: it gets a
+# virtual environment of its own inside .venv.
+CHECKOV_VENV := $(VENV)/tools-checkov
+CHECKOV      := $(CHECKOV_VENV)/bin/checkov
 
 .PHONY: setup demo test lint typecheck unit crds clean
 
@@ -13,7 +18,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[trainer,local,dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(CHECKOV): | $(STAMP)
+	python3 -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet checkov==3.3.30
+
+setup: $(STAMP) $(CHECKOV)
 
 demo: $(STAMP)
 	$(BIN)/rtj demo
@@ -25,12 +34,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) $(CHECKOV) lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Regenerate crds/ (and the chart's copy) from the pydantic models.
 crds: $(STAMP)
 	$(BIN)/rtj crd --write
+	scripts/sync-chart-crds.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
