@@ -1,0 +1,525 @@
+"""The pure renderer: a parsed ResilientTrainingJob in, the Kubernetes objects it needs out.
+
+No I/O and no clock: the same job, uid and excluded nodes always give the same objects (and the same
+YAML bytes), so the operator can re-render at any time and compare. :func:`render` returns every child
+(docs/architecture.md, "What the renderer produces"); the operator also calls
+:func:`render_worker_pod` and :func:`render_spare_pod` to replace single pods, and uses the name
+helpers to find children. Sizing comes from :mod:`rtj_operator.profiles`; label, annotation and
+environment names from :mod:`rtj_operator.constants`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rtj_operator import constants
+from rtj_operator.api import (
+    CHECKPOINT_VOLUME,
+    SHM_MOUNT_PATH,
+    SHM_VOLUME,
+    ResilientTrainingJob,
+    RetentionPolicy,
+)
+from rtj_operator.profiles import (
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    HUGEPAGES_RESOURCE,
+    processes_per_node,
+    resolve_sizing,
+)
+
+__all__ = [
+    "CONTAINER_NAME",
+    "checkpoint_claim_name",
+    "checkpoint_dir",
+    "pv_name",
+    "pvc_name",
+    "render",
+    "render_rbac",
+    "render_service",
+    "render_spare_pod",
+    "render_storage",
+    "render_worker_pod",
+    "rendezvous_host",
+    "selector_labels",
+    "service_name",
+    "spare_pod_name",
+    "trainer_name",
+    "worker_pod_name",
+]
+
+CONTAINER_NAME = "trainer"
+LAUNCH_COMMAND = "rtj-launch"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+# Taints the node lifecycle controller puts on a lost node; DefaultTolerationSeconds would otherwise
+# give every pod 300 s on them (FIELD_NOTES: ~5 min 50 s before eviction).
+NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+# The AWS EFA/NCCL settings (awsome-distributed-ai NVRx sample); only meaningful with EFA adapters/GPUs.
+EFA_ENV = (("FI_PROVIDER", "efa"), ("FI_EFA_USE_DEVICE_RDMA", "1"), ("RDMAV_FORK_SAFE", "1"))
+NCCL_ENV = (("NCCL_SOCKET_IFNAME", "^docker,lo,veth"), ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"))
+PROGRESS_SINK_DEFAULT = "pod-annotation"
+
+
+# --- names ------------------------------------------------------------------------------------------------
+
+
+def _job_name(job: ResilientTrainingJob | str) -> str:
+    return job if isinstance(job, str) else job.name
+
+
+def service_name(job: ResilientTrainingJob | str) -> str:
+    """The headless Service `J` that gives workers their DNS names."""
+    return _job_name(job)
+
+
+def worker_pod_name(job: ResilientTrainingJob | str, index: int) -> str:
+    """`J-worker-<i>`: also the pod's hostname, so replacements keep their DNS name."""
+    return f"{_job_name(job)}-worker-{index}"
+
+
+def spare_pod_name(job: ResilientTrainingJob | str, index: int) -> str:
+    """`J-spare-<k>`."""
+    return f"{_job_name(job)}-spare-{index}"
+
+
+def pvc_name(job: ResilientTrainingJob | str) -> str:
+    """`J-checkpoints`: the claim the job renders (unless it names an existing claim)."""
+    return f"{_job_name(job)}-checkpoints"
+
+
+def pv_name(job: ResilientTrainingJob) -> str:
+    """`J-checkpoints-<ns>`: the static PersistentVolume (cluster-scoped, hence the namespace)."""
+    return f"{job.name}-checkpoints-{job.namespace}"
+
+
+def checkpoint_claim_name(job: ResilientTrainingJob) -> str:
+    """The claim the pods mount: the existing claim if one is named, else the rendered one."""
+    existing = job.spec.checkpoint.storage.existing_claim
+    return existing.claim_name if existing is not None else pvc_name(job)
+
+
+def trainer_name(job: ResilientTrainingJob | str) -> str:
+    """`J-trainer`: the ServiceAccount, Role and RoleBinding of the job's pods."""
+    return f"{_job_name(job)}-trainer"
+
+
+def rendezvous_host(job: ResilientTrainingJob) -> str:
+    """Worker 0's stable DNS name, where the c10d store listens."""
+    return f"{worker_pod_name(job, 0)}.{service_name(job)}.{job.namespace}.svc"
+
+
+def checkpoint_dir(job: ResilientTrainingJob) -> str:
+    """`<mountPath>/J`: jobs sharing a volume keep apart."""
+    return f"{job.spec.checkpoint.mount_path.rstrip('/')}/{job.name}"
+
+
+def selector_labels(job: ResilientTrainingJob | str) -> dict[str, str]:
+    """The labels that select every child of the job."""
+    return {constants.LABEL_JOB: _job_name(job)}
+
+
+# --- shared pieces ----------------------------------------------------------------------------------------
+
+
+def _labels(job: ResilientTrainingJob) -> dict[str, str]:
+    return {
+        constants.LABEL_JOB: job.name,
+        constants.LABEL_APP_NAME: constants.APP_NAME,
+        constants.LABEL_MANAGED_BY: constants.MANAGED_BY,
+    }
+
+
+def _owner_references(job: ResilientTrainingJob, uid: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": constants.API_VERSION,
+            "kind": constants.KIND,
+            "name": job.name,
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def _metadata(
+    job: ResilientTrainingJob, name: str, uid: str | None, *, namespaced: bool = True
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if namespaced:
+        meta["namespace"] = job.namespace
+    meta["labels"] = _labels(job)
+    if uid is not None:
+        meta["ownerReferences"] = _owner_references(job, uid)
+    return meta
+
+
+def _job_uid(job: ResilientTrainingJob, uid: str | None) -> str:
+    resolved = uid or job.metadata.uid
+    if not resolved:
+        raise ValueError(f"job {job.namespace}/{job.name} has no uid: pass uid= (owner references need one)")
+    return resolved
+
+
+# --- pods -------------------------------------------------------------------------------------------------
+
+
+def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int | None) -> list[dict[str, Any]]:
+    spec = job.spec
+    ft = spec.fault_tolerance
+    ip = ft.in_process
+    ckpt = spec.checkpoint
+    plain: list[tuple[str, str]] = [
+        ("RTJ_JOB_NAME", job.name),
+        ("RTJ_NAMESPACE", job.namespace),
+        ("RTJ_JOB_UID", uid),
+        ("RTJ_ROLE", role),
+    ]
+    if index is not None:
+        plain.append(("RTJ_NODE_RANK", str(index)))
+    plain += [
+        ("RTJ_NNODES", str(spec.nodes)),
+        ("RTJ_NNODES_MAX", str(spec.nodes)),
+        ("RTJ_NPROC_PER_NODE", str(processes_per_node(spec))),
+        ("RTJ_RDZV_HOST", rendezvous_host(job)),
+        ("RTJ_RDZV_PORT", str(spec.rendezvous.port)),
+        ("RTJ_CHECKPOINT_DIR", checkpoint_dir(job)),
+        ("RTJ_CHECKPOINT_INTERVAL_STEPS", str(ckpt.interval_steps)),
+        ("RTJ_CHECKPOINT_KEEP", str(ckpt.keep)),
+        ("RTJ_CHECKPOINT_MODE", ckpt.mode.value),
+        ("RTJ_FT_HEARTBEAT_TIMEOUT_SECONDS", str(ft.heartbeat_timeout_seconds)),
+        ("RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS", str(ft.initial_heartbeat_timeout_seconds)),
+        ("RTJ_FT_MONITOR_INTERVAL_SECONDS", str(ft.monitor_interval_seconds)),
+        ("RTJ_MAX_RESTARTS", str(ft.max_in_job_restarts)),
+        ("RTJ_INPROCESS_ENABLED", "true" if ip.enabled else "false"),
+        ("RTJ_INPROCESS_MAX_ITERATIONS", str(ip.max_iterations)),
+        ("RTJ_INPROCESS_SOFT_TIMEOUT_SECONDS", str(ip.soft_timeout_seconds)),
+        ("RTJ_INPROCESS_HARD_TIMEOUT_SECONDS", str(ip.hard_timeout_seconds)),
+        ("RTJ_INPROCESS_BARRIER_TIMEOUT_SECONDS", str(ip.barrier_timeout_seconds)),
+        ("RTJ_PROGRESS_SINK", PROGRESS_SINK_DEFAULT),
+    ]
+    sizing = resolve_sizing(spec.instance_type, spec.resources)
+    if sizing.efa_adapters > 0:
+        plain += list(EFA_ENV)
+    if sizing.gpus > 0:
+        plain += list(NCCL_ENV)
+    env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in plain[:4]]
+    env += [
+        {"name": "RTJ_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "RTJ_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "RTJ_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    env += [{"name": name, "value": value} for name, value in plain[4:]]
+    # The user's entries win on a name clash: drop ours rather than rely on "last one wins".
+    overridden = {var.name for var in spec.env}
+    env = [var for var in env if var["name"] not in overridden]
+    env += [var.model_dump(by_alias=True, exclude_none=True) for var in spec.env]
+    return env
+
+
+def _resources(job: ResilientTrainingJob) -> dict[str, Any]:
+    sizing = resolve_sizing(job.spec.instance_type, job.spec.resources)
+    limits: dict[str, str] = {"memory": sizing.memory}
+    if sizing.gpus > 0:
+        limits[GPU_RESOURCE] = str(sizing.gpus)
+    if sizing.efa_adapters > 0:
+        limits[EFA_RESOURCE] = str(sizing.efa_adapters)
+    if sizing.hugepages_2mi is not None:
+        limits[HUGEPAGES_RESOURCE] = sizing.hugepages_2mi
+    # Requests equal limits for every resource but CPU, which has no limit (no CFS throttling).
+    return {"requests": {"cpu": sizing.cpu, **limits}, "limits": limits}
+
+
+def _affinity(
+    job: ResilientTrainingJob, excluded_nodes: Iterable[str], node_name: str | None
+) -> dict[str, Any]:
+    required: list[dict[str, Any]] = [
+        {"key": constants.LABEL_INSTANCE_TYPE, "operator": "In", "values": [job.spec.instance_type]}
+    ]
+    excluded = sorted(set(excluded_nodes) - ({node_name} if node_name else set()))
+    if excluded:
+        required.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": excluded})
+    if node_name is not None:
+        required.append({"key": HOSTNAME_LABEL, "operator": "In", "values": [node_name]})
+    user_terms = [
+        [expr.model_dump(by_alias=True, exclude_none=True) for expr in term.match_expressions]
+        for term in job.spec.scheduling.required_node_affinity_terms
+    ]
+    # Terms are ORed and a term's expressions ANDed: ours go into every term.
+    terms = [{"matchExpressions": [*user, *required]} for user in user_terms] or [
+        {"matchExpressions": required}
+    ]
+    return {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}},
+        # One pod of the job per node: a spare holds a whole node, a worker owns its node's devices.
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": selector_labels(job)},
+                    "topologyKey": HOSTNAME_LABEL,
+                }
+            ]
+        },
+    }
+
+
+def _tolerations(job: ResilientTrainingJob) -> list[dict[str, Any]]:
+    tolerations: list[dict[str, Any]] = []
+    if resolve_sizing(job.spec.instance_type, job.spec.resources).gpus > 0:
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    grace = job.spec.failure_policy.node_loss_grace_seconds
+    tolerations += [
+        {"key": taint, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": grace}
+        for taint in NODE_LOSS_TAINTS
+    ]
+    tolerations += [
+        t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in job.spec.scheduling.tolerations
+    ]
+    return tolerations
+
+
+def _volumes(job: ResilientTrainingJob) -> list[dict[str, Any]]:
+    sizing = resolve_sizing(job.spec.instance_type, job.spec.resources)
+    return [
+        {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": checkpoint_claim_name(job)}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": sizing.shm_size}},
+        *(v.model_dump(by_alias=True, exclude_none=True, mode="json") for v in job.spec.volumes),
+    ]
+
+
+def _volume_mounts(job: ResilientTrainingJob) -> list[dict[str, Any]]:
+    return [
+        {"name": CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.mount_path},
+        {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH},
+        *(m.model_dump(by_alias=True, exclude_none=True, mode="json") for m in job.spec.volume_mounts),
+    ]
+
+
+def _pod(
+    job: ResilientTrainingJob,
+    *,
+    name: str,
+    role: str,
+    index: int,
+    uid: str,
+    excluded_nodes: Iterable[str],
+    node_name: str | None,
+) -> dict[str, Any]:
+    spec = job.spec
+    metadata = _metadata(job, name, uid)
+    labels = {**spec.pod_labels, **metadata["labels"], constants.LABEL_ROLE: role}
+    if role == constants.ROLE_WORKER:
+        labels[constants.LABEL_WORKER_INDEX] = str(index)
+    metadata["labels"] = labels
+    if spec.pod_annotations:
+        metadata["annotations"] = dict(spec.pod_annotations)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy.value,
+        "command": [LAUNCH_COMMAND],
+        "args": ["--", *spec.command, *spec.args],
+    }
+    if spec.working_dir is not None:
+        container["workingDir"] = spec.working_dir
+    container["env"] = _env(job, uid, role=role, index=index if role == constants.ROLE_WORKER else None)
+    container["ports"] = [{"name": "rendezvous", "containerPort": spec.rendezvous.port, "protocol": "TCP"}]
+    container["resources"] = _resources(job)
+    container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    container["volumeMounts"] = _volume_mounts(job)
+    pod_spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": service_name(job),
+        "restartPolicy": "Never",
+        "serviceAccountName": trainer_name(job),
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
+    }
+    if spec.scheduling.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.scheduling.node_selector)
+    pod_spec["affinity"] = _affinity(job, excluded_nodes, node_name)
+    pod_spec["tolerations"] = _tolerations(job)
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    pod_spec["containers"] = [container]
+    pod_spec["volumes"] = _volumes(job)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def render_worker_pod(
+    job: ResilientTrainingJob,
+    index: int,
+    *,
+    uid: str | None = None,
+    excluded_nodes: Iterable[str] = (),
+    node_name: str | None = None,
+) -> dict[str, Any]:
+    """Worker pod ``index`` (``J-worker-<index>``), kept off ``excluded_nodes``.
+
+    ``node_name`` pins the pod onto that node through required node affinity (the scheduler still
+    waits for the node's resources, e.g. while a deleted spare terminates there): the operator's
+    fast replacement onto a hot spare's node.
+    """
+    if not 0 <= index < job.spec.nodes:
+        raise ValueError(f"worker index {index} out of range 0..{job.spec.nodes - 1}")
+    return _pod(
+        job,
+        name=worker_pod_name(job, index),
+        role=constants.ROLE_WORKER,
+        index=index,
+        uid=_job_uid(job, uid),
+        excluded_nodes=excluded_nodes,
+        node_name=node_name,
+    )
+
+
+def render_spare_pod(
+    job: ResilientTrainingJob,
+    index: int,
+    *,
+    uid: str | None = None,
+    excluded_nodes: Iterable[str] = (),
+    node_name: str | None = None,
+) -> dict[str, Any]:
+    """Hot spare pod ``index`` (``J-spare-<index>``): sized like a worker, outside the rendezvous."""
+    if not 0 <= index < job.spec.hot_spares:
+        raise ValueError(f"spare index {index} out of range 0..{job.spec.hot_spares - 1}")
+    return _pod(
+        job,
+        name=spare_pod_name(job, index),
+        role=constants.ROLE_SPARE,
+        index=index,
+        uid=_job_uid(job, uid),
+        excluded_nodes=excluded_nodes,
+        node_name=node_name,
+    )
+
+
+# --- the other children -----------------------------------------------------------------------------------
+
+
+def render_service(job: ResilientTrainingJob, *, uid: str | None = None) -> dict[str, Any]:
+    """The headless Service: DNS records for workers before they are ready (rendezvous needs them)."""
+    port = job.spec.rendezvous.port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, service_name(job), _job_uid(job, uid)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {**selector_labels(job), constants.LABEL_ROLE: constants.ROLE_WORKER},
+            "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def render_storage(job: ResilientTrainingJob, *, uid: str | None = None) -> list[dict[str, Any]]:
+    """The checkpoint PVC (and the static PV for FSx); nothing when an existing claim is named."""
+    ckpt = job.spec.checkpoint
+    storage = ckpt.storage
+    if storage.existing_claim is not None:
+        return []
+    owner = _job_uid(job, uid) if ckpt.retention_policy is RetentionPolicy.DELETE else None
+    objects: list[dict[str, Any]] = []
+    claim_spec: dict[str, Any] = {"accessModes": ["ReadWriteMany"]}
+    if storage.fsx_static is not None:
+        fsx = storage.fsx_static
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                # Cluster-scoped: never owned by a namespaced job; Retain keeps the file system's data.
+                "metadata": _metadata(job, pv_name(job), None, namespaced=False),
+                "spec": {
+                    "capacity": {"storage": fsx.capacity},
+                    "volumeMode": "Filesystem",
+                    "accessModes": ["ReadWriteMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                 "namespace": job.namespace, "name": pvc_name(job)},
+                    "csi": {
+                        "driver": "fsx.csi.aws.com",
+                        "volumeHandle": fsx.file_system_id,
+                        "volumeAttributes": {"dnsname": fsx.dns_name, "mountname": fsx.mount_name},
+                    },
+                },
+            }
+        )  # fmt: skip
+        claim_spec.update(
+            {
+                "storageClassName": "",
+                "volumeName": pv_name(job),
+                "resources": {"requests": {"storage": fsx.capacity}},
+            }
+        )
+    elif storage.dynamic is not None:
+        dynamic = storage.dynamic
+        if dynamic.storage_class_name is not None:
+            claim_spec["storageClassName"] = dynamic.storage_class_name
+        claim_spec["resources"] = {"requests": {"storage": dynamic.capacity}}
+    objects.append(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": _metadata(job, pvc_name(job), owner),
+            "spec": claim_spec,
+        }
+    )
+    return objects
+
+
+def render_rbac(job: ResilientTrainingJob, *, uid: str | None = None) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding: each pod may read and patch its own job's pods only.
+
+    Pod names are stable (replacements reuse them), so the Role lists them by resourceNames.
+    """
+    owner = _job_uid(job, uid)
+    name = trainer_name(job)
+    pod_names = [worker_pod_name(job, i) for i in range(job.spec.nodes)]
+    pod_names += [spare_pod_name(job, k) for k in range(job.spec.hot_spares)]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(job, name, owner)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _metadata(job, name, owner),
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "resourceNames": pod_names,
+                    "verbs": ["get", "patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(job, name, owner),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
+        },
+    ]
+
+
+def render(
+    job: ResilientTrainingJob, *, uid: str | None = None, excluded_nodes: Iterable[str] = ()
+) -> list[dict[str, Any]]:
+    """Every child of the job, in creation order: RBAC, storage, Service, workers, spares.
+
+    ``uid`` defaults to ``job.metadata.uid`` (owner references and the rendezvous id need one);
+    ``excluded_nodes`` are kept out of every pod's node affinity. Suspended jobs still render their
+    pods: whether to create them is the operator's decision.
+    """
+    owner = _job_uid(job, uid)
+    excluded = tuple(excluded_nodes)
+    return [
+        *render_rbac(job, uid=owner),
+        *render_storage(job, uid=owner),
+        render_service(job, uid=owner),
+        *(render_worker_pod(job, i, uid=owner, excluded_nodes=excluded) for i in range(job.spec.nodes)),
+        *(render_spare_pod(job, k, uid=owner, excluded_nodes=excluded) for k in range(job.spec.hot_spares)),
+    ]
