@@ -35,10 +35,15 @@ INTENDED_LAYER = {
 
 @dataclass(frozen=True)
 class StepRecord:
-    """A training step completed (as seen by global rank 0) at wall-clock `time` (seconds)."""
+    """A training step completed (as seen by global rank 0) at wall-clock `time` (seconds).
+
+    `seconds` is the step's own compute time when the trainer measured it (its `stepTimeSeconds`):
+    then a checkpoint save or a report between two steps is not counted as useful time.
+    """
 
     time: float
     step: int
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,11 +114,15 @@ def _sorted_steps(steps: Iterable[StepRecord]) -> list[StepRecord]:
 
 
 def step_durations(steps: Sequence[StepRecord], faults: Sequence[FaultRecord]) -> list[float | None]:
-    """Duration of each step: the gap to the previous record when it is the previous step of the same
-    uninterrupted run, else None (the first step of a run also carries start-up or recovery time)."""
+    """Duration of each step: its measured compute time when recorded, else the gap to the previous
+    record when it is the previous step of the same uninterrupted run, else None (the first step of a
+    run also carries start-up or recovery time)."""
     fault_times = sorted(f.time for f in faults)
     durations: list[float | None] = []
     for i, record in enumerate(steps):
+        if record.seconds is not None:
+            durations.append(record.seconds)
+            continue
         if i == 0:
             durations.append(None)
             continue

@@ -88,7 +88,7 @@ class Timeline:
         return {
             "start_time": self.start_time,
             "end_time": self.end_time,
-            "steps": [[s.time, s.step] for s in self.steps],
+            "steps": [[s.time, s.step, s.seconds] for s in self.steps],
             "faults": [{"time": f.time, "kind": f.kind} for f in self.faults],
             "recoveries": [{"time": r.time, "layer": r.layer} for r in self.recoveries],
             "checkpoints": [[c.time, c.step] for c in self.checkpoints],
@@ -97,7 +97,10 @@ class Timeline:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Timeline:
         return cls(
-            steps=[StepRecord(time=t, step=s) for t, s in data.get("steps", [])],
+            steps=[
+                StepRecord(time=r[0], step=r[1], seconds=r[2] if len(r) > 2 else None)
+                for r in data.get("steps", [])
+            ],
             faults=[FaultRecord(time=f["time"], kind=f["kind"]) for f in data.get("faults", [])],
             recoveries=[RecoveryRecord(time=r["time"], layer=r["layer"]) for r in data.get("recoveries", [])],
             checkpoints=[CheckpointRecord(time=t, step=s) for t, s in data.get("checkpoints", [])],
@@ -130,36 +133,44 @@ def read_json_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def from_progress_records(records: Iterable[Mapping[str, Any]]) -> Timeline:
-    """Steps, checkpoints and trainer recovery events from progress records.
+    """Steps, checkpoints and trainer recovery events from progress records (JSON lines of the file sink).
 
-    Records of several pods may be mixed: a step counts once per (step, time) and an event once per
-    (kind, time), because each node's local rank 0 reports the same event and the newest 20 events are
-    repeated in every record.
+    Records of several nodes may be mixed in one file. Step completions are taken from node 0 only
+    (it holds global rank 0, and the nodes step in lockstep), one per change of its step number: a
+    report forced by a checkpoint commit or a recovery repeats the step it was made at. Recovery
+    events count once per (kind, time): every node reports them, and every record repeats the newest
+    20. An event's time is when training recovered (its first step after the fault).
     """
+    ordered = sorted(
+        (r for r in records if parse_time(r.get("time")) is not None),
+        key=lambda r: parse_time(r.get("time")) or 0.0,
+    )
     timeline = Timeline()
-    seen_steps: set[tuple[int, float]] = set()
+    step_source = [r for r in ordered if r.get("nodeRank", 0) == 0] or ordered
+    previous: int | None = None
+    for record in step_source:
+        step, when = record.get("step"), parse_time(record.get("time"))
+        if isinstance(step, int) and step > 0 and when is not None and step != previous:
+            seconds = record.get("stepTimeSeconds")
+            own = float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None
+            timeline.steps.append(StepRecord(time=when, step=step, seconds=own))
+            previous = step
     seen_events: set[tuple[str, float]] = set()
     seen_ckpts: dict[int, float] = {}
-    for record in records:
-        step = record.get("step")
-        when = parse_time(record.get("stepTime") or record.get("time"))
-        if isinstance(step, int) and step > 0 and when is not None and (step, when) not in seen_steps:
-            seen_steps.add((step, when))
-            timeline.steps.append(StepRecord(time=when, step=step))
+    for record in ordered:
         ckpt = record.get("lastCheckpoint") or {}
         ckpt_step, ckpt_time = ckpt.get("step"), parse_time(ckpt.get("time"))
         if isinstance(ckpt_step, int) and ckpt_time is not None:
-            # The first report of a commit is the closest to its real time.
             seen_ckpts.setdefault(ckpt_step, ckpt_time)
         for event in record.get("events") or []:
-            kind, ev_time = event.get("kind"), parse_time(event.get("time"))
-            layer = TRAINER_EVENT_LAYERS.get(str(kind))
-            if layer is None or ev_time is None or (kind, ev_time) in seen_events:
+            kind = str(event.get("kind"))
+            ev_time = parse_time(event.get("recoveredEpoch")) or parse_time(event.get("time"))
+            layer = TRAINER_EVENT_LAYERS.get(kind)
+            if layer is None or ev_time is None or (kind, round(ev_time, 3)) in seen_events:
                 continue
-            seen_events.add((str(kind), ev_time))
+            seen_events.add((kind, round(ev_time, 3)))
             timeline.recoveries.append(RecoveryRecord(time=ev_time, layer=layer))
     timeline.checkpoints = [CheckpointRecord(time=t, step=s) for s, t in sorted(seen_ckpts.items())]
-    timeline.steps.sort(key=lambda s: (s.time, s.step))
     timeline.recoveries.sort(key=lambda r: r.time)
     return timeline
 

@@ -122,3 +122,16 @@ def test_json_round_trip_marks_intent() -> None:
     data = build_report(*_timeline()).to_json()
     assert data["all_recovered_as_intended"] is True
     assert [f["as_intended"] for f in data["faults"]] == [True, True]
+
+
+def test_measured_step_seconds_exclude_saves_between_steps() -> None:
+    # Step 3 is followed by a 2 s synchronous save: the gap to step 4 is 2.5 s, its compute 0.5 s.
+    steps = [
+        StepRecord(0.5, 1, seconds=0.5),
+        StepRecord(1.0, 2, seconds=0.5),
+        StepRecord(1.5, 3, seconds=0.5),
+        StepRecord(4.0, 4, seconds=0.5),
+    ]
+    report = build_report(steps, [], [], [], start_time=0.0)
+    assert report.useful_seconds == pytest.approx(2.0)
+    assert report.training_goodput == pytest.approx(0.5)

@@ -38,7 +38,7 @@ def test_parse_time_accepts_rfc3339_variants() -> None:
 
 def test_progress_records_give_steps_checkpoints_and_trainer_recoveries() -> None:
     base = 1_000_000.0
-    event = {"time": _iso(base + 3.5), "kind": "InProcessRestart", "step": 3, "recoverySeconds": 0.5}
+    event = {"time": _iso(base + 3.5), "kind": "InProcessRestart", "step": 3, "recoveredEpoch": base + 3.5}
     records = [
         {"v": 1, "time": _iso(base + 1), "nodeRank": 0, "step": 1, "events": []},
         {"v": 1, "time": _iso(base + 2), "nodeRank": 0, "step": 2,
@@ -47,13 +47,20 @@ def test_progress_records_give_steps_checkpoints_and_trainer_recoveries() -> Non
         {"v": 1, "time": _iso(base + 2.5), "nodeRank": 1, "step": 2,
          "lastCheckpoint": {"step": 2, "time": _iso(base + 2.4)}},
         {"v": 1, "time": _iso(base + 4), "nodeRank": 0, "step": 3, "events": [event]},
+        # a report forced by a checkpoint commit repeats node 0's step: not a new step.
+        {"v": 1, "time": _iso(base + 4.1), "nodeRank": 0, "step": 3,
+         "lastCheckpoint": {"step": 3, "time": _iso(base + 4.05)}},
         # the same event repeated in the next record, and an in-job restart.
         {"v": 1, "time": _iso(base + 9), "nodeRank": 1, "step": 3,
          "events": [event, {"time": _iso(base + 8), "kind": "InJobRestart", "step": 3}]},
     ]  # fmt: skip
     timeline = from_progress_records(records)
-    assert [(s.step, s.time - base) for s in timeline.steps] == [(1, 1), (2, 2), (2, 2.5), (3, 4), (3, 9)]
-    assert [(c.step, c.time - base) for c in timeline.checkpoints] == [(2, pytest.approx(2.2))]
+    # steps come from node 0 only (node 1 steps in lockstep with it).
+    assert [(s.step, s.time - base) for s in timeline.steps] == [(1, 1), (2, 2), (3, 4)]
+    assert [(c.step, c.time - base) for c in timeline.checkpoints] == [
+        (2, pytest.approx(2.2)),
+        (3, pytest.approx(4.05)),
+    ]
     assert [(r.layer, r.time - base) for r in timeline.recoveries] == [
         (LAYER_IN_PROCESS, 3.5),
         (LAYER_IN_JOB, 8.0),

@@ -1,0 +1,184 @@
+"""`rtj bench checkpoint`: what checkpoint saves cost a training loop, synchronous against async.
+
+For each state size and checkpoint interval it runs the same loop three times, in one process: no
+saves (the baseline), synchronous saves and async saves, all through the trainer's own
+`rtj_trainer.checkpoint.CheckpointManager` (the code that runs in the job: per-rank shard, fsync,
+done file, commit marker; async saves stage into shared memory and hand off to NVRx's writer
+process). It reports:
+
+- training efficiency = time spent in steps / wall time of the loop (the AWS sample's measure);
+- blocking time per save (how long `save()` holds the loop) against the floor: a plain in-memory
+  copy of the same state into a preallocated buffer, the least any consistent save must block.
+
+A step is emulated by `--step-seconds` of sleep plus an in-place update of the state: it stands for
+an accelerator-bound step, where the host thread waits on the GPU while the writer process has the
+CPU. Real training steps are measured by the goodput benchmark and the trainer's own benchmark.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TENSOR_MB = 4  # state is split into tensors of this size, like the parameters of a real model
+
+
+def synthetic_state(megabytes: int) -> dict[str, torch.Tensor]:
+    """`megabytes` MiB of float32 tensors, seeded so every run saves the same bytes."""
+    gen = torch.Generator().manual_seed(0)
+    n = max(1, megabytes // TENSOR_MB)
+    numel = TENSOR_MB * 1024 * 1024 // 4
+    return {f"layer{i}.weight": torch.randn(numel, generator=gen) for i in range(n)}
+
+
+def copy_floor_seconds(state: dict[str, torch.Tensor], repeats: int = 5) -> float:
+    """Median time of a plain copy of `state` into preallocated buffers (the least a save can block)."""
+    buffers = {k: torch.empty_like(v) for k, v in state.items()}
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for k, v in state.items():
+            buffers[k].copy_(v)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+@dataclass
+class LoopResult:
+    mode: str  # none | Sync | Async
+    size_mb: int
+    interval: int
+    steps: int
+    saves: int
+    wall_seconds: float
+    step_seconds: float  # time inside steps
+    efficiency: float
+    blocking_mean_seconds: float
+    blocking_max_seconds: float
+    copy_floor_seconds: float
+
+
+def run_loop(
+    state: dict[str, torch.Tensor],
+    *,
+    mode: str,
+    interval: int,
+    steps: int,
+    step_seconds: float,
+    root: Path,
+    floor: float,
+    size_mb: int,
+) -> LoopResult:
+    from rtj_trainer.checkpoint import CheckpointManager
+
+    manager = None
+    if mode != "none":
+        manager = CheckpointManager(root / mode, rank=0, world_size=1, asynchronous=mode == "Async", keep=2)
+    blocking: list[float] = []
+    in_steps = 0.0
+    started = time.perf_counter()
+    try:
+        for step in range(1, steps + 1):
+            t0 = time.perf_counter()
+            time.sleep(step_seconds)
+            # Every step changes the state, as an optimizer step does: a save must copy it.
+            for tensor in state.values():
+                tensor[:1024].add_(1.0)
+            in_steps += time.perf_counter() - t0
+            if manager is not None:
+                if step % interval == 0:
+                    manager.save(step, state, {"step": step})
+                    blocking.append(manager.stats.last_blocking_seconds)
+                manager.poll()
+        if manager is not None:
+            # The last save must be durable before the run counts as done.
+            manager.wait(timeout=None)
+            manager.poll()
+    finally:
+        if manager is not None:
+            manager.close()
+    wall = time.perf_counter() - started
+    return LoopResult(
+        mode=mode,
+        size_mb=size_mb,
+        interval=interval,
+        steps=steps,
+        saves=len(blocking),
+        wall_seconds=wall,
+        step_seconds=in_steps,
+        efficiency=in_steps / wall,
+        blocking_mean_seconds=statistics.fmean(blocking) if blocking else 0.0,
+        blocking_max_seconds=max(blocking, default=0.0),
+        copy_floor_seconds=floor,
+    )
+
+
+def run(
+    sizes_mb: Sequence[int],
+    intervals: Sequence[int],
+    *,
+    step_seconds: float,
+    saves_per_run: int,
+    log: Any = print,
+) -> list[LoopResult]:
+    """The whole sweep; each (size, interval) runs no saves, Sync and Async back to back."""
+    results: list[LoopResult] = []
+    with tempfile.TemporaryDirectory(prefix="rtj-ckpt-bench-") as tmp:
+        for size in sizes_mb:
+            state = synthetic_state(size)
+            floor = copy_floor_seconds(state)
+            for interval in intervals:
+                steps = interval * saves_per_run
+                for mode in ("none", "Sync", "Async"):
+                    result = run_loop(
+                        state,
+                        mode=mode,
+                        interval=interval,
+                        steps=steps,
+                        step_seconds=step_seconds,
+                        root=Path(tmp) / f"{size}-{interval}",
+                        floor=floor,
+                        size_mb=size,
+                    )
+                    results.append(result)
+                    log(
+                        f"  {size:>5} MiB every {interval:>3} steps {mode:>5}: efficiency "
+                        f"{result.efficiency:6.1%}, "
+                        f"blocking {result.blocking_mean_seconds * 1000:8.1f} ms/save"
+                    )
+    return results
+
+
+def format_table(results: Sequence[LoopResult]) -> str:
+    header = (
+        f"{'state':>8} {'every':>6} {'sync eff':>9} {'async eff':>9} "
+        f"{'sync block':>11} {'async block':>12} {'copy floor':>11} {'async/floor':>11}"
+    )
+    lines = [header, "-" * len(header)]
+    by_key: dict[tuple[int, int], dict[str, LoopResult]] = {}
+    for r in results:
+        by_key.setdefault((r.size_mb, r.interval), {})[r.mode] = r
+    for (size, interval), modes in sorted(by_key.items()):
+        sync, asyn = modes.get("Sync"), modes.get("Async")
+        if sync is None or asyn is None:
+            continue
+        ratio = (
+            asyn.blocking_mean_seconds / asyn.copy_floor_seconds if asyn.copy_floor_seconds else float("nan")
+        )
+        lines.append(
+            f"{size:>5} MiB {interval:>6} {sync.efficiency:>9.1%} {asyn.efficiency:>9.1%} "
+            f"{sync.blocking_mean_seconds * 1000:>8.1f} ms {asyn.blocking_mean_seconds * 1000:>9.1f} ms "
+            f"{asyn.copy_floor_seconds * 1000:>8.1f} ms {ratio:>10.1f}x"
+        )
+    return "\n".join(lines)
+
+
+def to_json(results: Sequence[LoopResult], settings: dict[str, Any]) -> dict[str, Any]:
+    return {"benchmark": "checkpoint", "settings": settings, "results": [asdict(r) for r in results]}

@@ -1,0 +1,480 @@
+"""The engine behind `rtj demo` and `rtj bench goodput`: run a real job through faults on the local cluster.
+
+`Stack` brings up what a user would have: the embedded local cluster (simulated cpu nodes whose
+kubelet runs pods as local processes), the CRD applied with kubectl, and the operator started as
+the `rtj operator` subprocess pointed at the cluster's kubeconfig. `run_job` submits one
+ResilientTrainingJob built from examples/local-cpu.yaml with a fault plan, injects the faults the
+trainer cannot inject itself (a lost node), follows the job until it finishes, and gathers the
+timeline (`timeline.Timeline`) from the trainer's records, the operator's Events and its own record
+of what it injected. Nothing is simulated beyond the cluster itself: the training is real FSDP on
+gloo under real ft_launcher and inprocess.Wrapper, with real async checkpoints on a volume.
+
+The operator runs as a subprocess rather than in-process: that is how users run it, it keeps
+kopf's event loop and signal handling out of the demo's process, and a crash of either side is
+visible as such.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rtj_demo.report import FaultRecord
+from rtj_demo.timeline import (
+    Timeline,
+    faults_from_markers,
+    from_progress_records,
+    read_json_lines,
+    recoveries_from_events,
+)
+
+GROUP = "resilient.training"
+VERSION = "v1alpha1"
+PLURAL = "resilienttrainingjobs"
+LABEL_JOB = f"{GROUP}/job-name"
+NAMESPACE = "default"
+# The trainer's progress file, in the job's checkpoint directory.
+PROGRESS_FILE = "progress.jsonl"
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_JOB = REPO_ROOT / "examples" / "local-cpu.yaml"
+
+
+class MissingComponentError(RuntimeError):
+    """A component the rehearsal needs is not installed or not working; the message says which."""
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    """A fault of the rehearsal: trainer faults go into RTJ_FAULTS, `node-loss` is injected here."""
+
+    kind: str  # exception | sigkill | hang | node-loss
+    step: int
+    rank: int | None = None  # the global rank (trainer faults); node-loss: the worker index is 1
+
+    def rtj_faults_entry(self) -> str:
+        rank = "" if self.rank is None else f",rank={self.rank}"
+        return f"{self.kind}@step={self.step}{rank}"
+
+
+def rtj_faults(plan: Sequence[PlannedFault]) -> str:
+    """The RTJ_FAULTS value for the trainer's share of the plan (format: rtj_trainer.faults)."""
+    return ";".join(f.rtj_faults_entry() for f in plan if f.kind != "node-loss")
+
+
+@dataclass
+class JobSettings:
+    """What one rehearsal run changes in the example job."""
+
+    name: str = "rehearsal"
+    steps: int = 300
+    checkpoint_interval: int = 20
+    checkpoint_mode: str = "Async"
+    in_process: bool = True
+    max_in_job_restarts: int = 20
+    plan: list[PlannedFault] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class JobResult:
+    """What a run produced: the timeline, the job's final status, and why it ended."""
+
+    name: str
+    state: str
+    timeline: Timeline
+    status: dict[str, Any]
+    events: list[dict[str, Any]]
+    finished: bool
+    message: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def load_example() -> dict[str, Any]:
+    if not EXAMPLE_JOB.is_file():
+        raise MissingComponentError(
+            f"the example job {EXAMPLE_JOB} is missing (it comes with the API/renderer)"
+        )
+    with EXAMPLE_JOB.open(encoding="utf-8") as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    jobs = [d for d in docs if d.get("kind") == "ResilientTrainingJob"]
+    if not jobs:
+        raise MissingComponentError(f"{EXAMPLE_JOB} holds no ResilientTrainingJob")
+    job: dict[str, Any] = jobs[0]
+    return job
+
+
+def _set_arg(args: list[str], name: str, value: str) -> list[str]:
+    """Replace `name VALUE` / `name=VALUE` in an argv list, or append it."""
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg == name and i + 1 < len(args):
+            skip = True
+            continue
+        if arg.startswith(name + "="):
+            continue
+        out.append(arg)
+    return [*out, name, value]
+
+
+_OWN_ENV = {"RTJ_FAULTS", "RTJ_PROGRESS_SINK", "RTJ_PROGRESS_INTERVAL_SECONDS"}
+
+
+def build_job(example: Mapping[str, Any], settings: JobSettings, *, rendezvous_port: int) -> dict[str, Any]:
+    """The example job with the rehearsal's name, steps, checkpoint mode, recovery layers and faults."""
+    job = copy.deepcopy(dict(example))
+    job["metadata"] = {"name": settings.name, "namespace": NAMESPACE}
+    spec = job.setdefault("spec", {})
+    args = list(spec.get("args") or [])
+    args = _set_arg(args, "--steps", str(settings.steps))
+    for i in range(0, len(settings.extra_args) - 1, 2):
+        args = _set_arg(args, settings.extra_args[i], settings.extra_args[i + 1])
+    spec["args"] = args
+    spec["rendezvous"] = {"port": rendezvous_port}
+    ckpt = spec.setdefault("checkpoint", {})
+    ckpt["intervalSteps"] = settings.checkpoint_interval
+    ckpt["mode"] = settings.checkpoint_mode
+    ft = spec.setdefault("faultTolerance", {})
+    ft["maxInJobRestarts"] = settings.max_in_job_restarts
+    ft.setdefault("inProcess", {})["enabled"] = settings.in_process
+    mount = ckpt.get("mountPath", "/checkpoints")
+    # The trainer's file sink writes one JSON line per report; with the interval at 0 that is one per
+    # step, which the timeline needs. Its path is relative to the working directory, set to the
+    # checkpoint mount: the kubelet rewrites a workingDir under a mount path to the volume's real
+    # directory, but not a `file:` value, so this is how the file lands where the demo can read it.
+    spec["workingDir"] = mount
+    env = [e for e in spec.get("env") or [] if e.get("name") not in _OWN_ENV]
+    env += [
+        {"name": "RTJ_FAULTS", "value": rtj_faults(settings.plan)},
+        {"name": "RTJ_PROGRESS_SINK", "value": f"file:{settings.name}/{PROGRESS_FILE}"},
+        {"name": "RTJ_PROGRESS_INTERVAL_SECONDS", "value": "0"},
+    ]
+    env += [{"name": k, "value": v} for k, v in settings.extra_env.items()]
+    spec["env"] = env
+    return job
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.5) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Stack:
+    """The local cluster, the CRD and the operator subprocess, for one or more job runs."""
+
+    def __init__(
+        self,
+        *,
+        nodes: int = 4,
+        grace_seconds: float = 3.0,
+        out_dir: Path,
+        keep: bool = False,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.nodes = nodes
+        self.grace_seconds = grace_seconds
+        self.out_dir = out_dir
+        self.keep = keep
+        self.log = log
+        self.state_dir = Path(tempfile.mkdtemp(prefix="rtj-demo-"))
+        self.cluster: Any = None
+        self.kubeconfig: Path | None = None
+        self.operator: subprocess.Popen[bytes] | None = None
+        self._operator_log: Any = None
+        self.api: Any = None
+
+    # -- bring-up ---------------------------------------------------------------------------------
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._start_cluster()
+        self._install_crd()
+        self._start_operator()
+
+    def _start_cluster(self) -> None:
+        try:
+            from rtj_localcluster.cluster import LocalCluster, LocalClusterSettings
+        except ImportError as err:
+            raise MissingComponentError(
+                f"the embedded local cluster (rtj_localcluster.cluster) is missing: {err}"
+            ) from err
+        settings = LocalClusterSettings(
+            nodes=self.nodes,
+            profile="cpu",
+            node_monitor_grace_seconds=self.grace_seconds,
+            state_dir=self.state_dir / "cluster",
+        )
+        self.cluster = LocalCluster(settings)
+        self.cluster.start()
+        self.kubeconfig = Path(self.cluster.kubeconfig_path)
+        from kubernetes import client, config
+
+        self.api = config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        _wait(
+            lambda: sum(_node_ready(n) for n in self.core.list_node().items) >= self.nodes,
+            120,
+            f"{self.nodes} Ready nodes",
+        )
+
+    def kubectl(self, *args: str, input_text: str | None = None, timeout: float = 120) -> str:
+        if shutil.which("kubectl") is None:
+            raise MissingComponentError("kubectl is not on the PATH (the demo applies the CRD with it)")
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def _install_crd(self) -> None:
+        try:
+            from rtj_operator.api import crd_yaml
+        except ImportError as err:
+            raise MissingComponentError(f"the API models (rtj_operator.api) are missing: {err}") from err
+        self.kubectl("apply", "-f", "-", input_text=crd_yaml())
+        self.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+
+    def _start_operator(self) -> None:
+        if importlib.util.find_spec("rtj_operator.main") is None:
+            raise MissingComponentError("the operator (rtj_operator.main, `rtj operator`) is not installed")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._operator_log = (self.out_dir / "operator.log").open("wb")
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        self.operator = subprocess.Popen(
+            [sys.executable, "-m", "rtj_operator.cli", "operator", "--namespace", NAMESPACE],
+            env=env,
+            stdout=self._operator_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def check_operator(self) -> None:
+        if self.operator is not None and self.operator.poll() is not None:
+            raise RuntimeError(
+                f"the operator exited with code {self.operator.returncode}; "
+                f"see {self.out_dir / 'operator.log'}"
+            )
+
+    # -- teardown ---------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        if self.operator is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.operator.pid, signal.SIGTERM)
+            try:
+                self.operator.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.operator.pid, signal.SIGKILL)
+                self.operator.wait(timeout=10)
+            self.operator = None
+        if self._operator_log is not None:
+            self._operator_log.close()
+            self._operator_log = None
+        if self.api is not None:
+            self.api.close()
+            self.api = None
+        if self.cluster is not None and not self.keep:
+            self.cluster.stop()
+            self.cluster = None
+        if not self.keep:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    # -- jobs -------------------------------------------------------------------------------------
+
+    def volume_dir(self, job_name: str) -> Path | None:
+        """The real directory behind the job's checkpoint volume (None until the claim is bound)."""
+        from rtj_localcluster.kubelet import volume_directory
+
+        pvc = self.core.read_namespaced_persistent_volume_claim(f"{job_name}-checkpoints", NAMESPACE)
+        if not pvc.spec or not pvc.spec.volume_name or not pvc.status or pvc.status.phase != "Bound":
+            return None
+        pv = self.api.sanitize_for_serialization(self.core.read_persistent_volume(pvc.spec.volume_name))
+        return Path(volume_directory(pv, self.cluster.state_dir))
+
+    def get_job(self, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            job = self.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return job if isinstance(job, dict) else None
+
+    def job_events(self, name: str) -> list[dict[str, Any]]:
+        items = self.core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={name}").items
+        return [self.api.sanitize_for_serialization(e) for e in items]
+
+    def worker_node(self, job_name: str, index: int) -> str | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            pod = self.core.read_namespaced_pod(f"{job_name}-worker-{index}", NAMESPACE)
+        except ApiException:
+            return None
+        return pod.spec.node_name if pod.spec is not None else None
+
+    def delete_job(self, name: str, timeout: float = 120) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        with contextlib.suppress(ApiException):
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+
+        def gone() -> bool:
+            pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=f"{LABEL_JOB}={name}").items
+            return self.get_job(name) is None and not pods
+
+        _wait(gone, timeout, f"job {name} and its pods to be deleted")
+        # The checkpoint claim is retained by design (retentionPolicy Retain); a rerun starts afresh.
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespaced_persistent_volume_claim(f"{name}-checkpoints", NAMESPACE)
+
+
+def _node_ready(node: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+
+
+@dataclass
+class Observation:
+    """What the follower saw at one poll, for the live line."""
+
+    step: int
+    state: str
+    restarts: dict[str, int]
+    checkpoint_step: int | None
+    elapsed: float
+
+
+def run_job(
+    stack: Stack,
+    settings: JobSettings,
+    *,
+    timeout: float,
+    on_update: Callable[[Observation], None] = lambda _: None,
+    on_note: Callable[[str], None] = print,
+) -> JobResult:
+    """Submit the job, inject the plan's node losses, follow it to the end and gather its timeline."""
+    example = load_example()
+    manifest = build_job(example, settings, rendezvous_port=free_port())
+    submitted = time.time()
+    stack.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, manifest)
+    node_losses = sorted((f for f in settings.plan if f.kind == "node-loss"), key=lambda f: f.step)
+    injected: list[FaultRecord] = []
+    volume: Path | None = None
+    state, finished, message = "Pending", False, ""
+    status: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        stack.check_operator()
+        job = stack.get_job(settings.name) or {}
+        status = job.get("status") or {}
+        state = status.get("state") or "Pending"
+        if volume is None:
+            with contextlib.suppress(Exception):
+                volume = stack.volume_dir(settings.name)
+        step = _current_step(volume, settings.name, status)
+        restarts = {
+            "in-process": int((status.get("restarts") or {}).get("inProcess", 0)),
+            "in-job": int((status.get("restarts") or {}).get("inJob", 0)),
+            "pod": int((status.get("restarts") or {}).get("podReplacement", 0)),
+        }
+        ckpt = (status.get("lastCheckpoint") or {}).get("step")
+        on_update(Observation(step, state, restarts, ckpt, time.time() - submitted))
+        if node_losses and step >= node_losses[0].step:
+            node = stack.worker_node(settings.name, 1)
+            if node:
+                stack.cluster.kill_node(node)
+                injected.append(FaultRecord(time=time.time(), kind="node-loss"))
+                on_note(f"fault: node {node} (worker 1) killed at step {step}")
+                node_losses.pop(0)
+        if state in ("Succeeded", "Failed"):
+            finished = state == "Succeeded"
+            message = _condition_message(status, state)
+            break
+        if time.monotonic() > deadline:
+            message = f"the job did not finish within {timeout:.0f} s (state {state}, step {step})"
+            break
+        time.sleep(1.0)
+    timeline = Timeline(start_time=submitted)
+    if volume is not None:
+        job_dir = volume / settings.name
+        timeline.extend(from_progress_records(read_json_lines(job_dir / PROGRESS_FILE)))
+        timeline.faults += faults_from_markers(job_dir / "faults-fired")
+    events = stack.job_events(settings.name)
+    timeline.recoveries += recoveries_from_events(events)
+    timeline.faults += injected
+    timeline.faults.sort(key=lambda f: f.time)
+    timeline.recoveries.sort(key=lambda r: r.time)
+    return JobResult(settings.name, state, timeline, status, events, finished, message)
+
+
+def _current_step(volume: Path | None, name: str, status: Mapping[str, Any]) -> int:
+    step = int((status.get("progress") or {}).get("step") or 0)
+    if volume is not None:
+        path = volume / name / PROGRESS_FILE
+        with contextlib.suppress(OSError):
+            with path.open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 4096))
+                tail = f.read().decode("utf-8", errors="replace").splitlines()
+            for line in reversed(tail):
+                with contextlib.suppress(ValueError):
+                    step = max(step, int(json.loads(line).get("step", 0)))
+                    break
+    return step
+
+
+def _condition_message(status: Mapping[str, Any], cond_type: str) -> str:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == cond_type:
+            return f"{cond.get('reason', '')}: {cond.get('message', '')}"
+    return ""
