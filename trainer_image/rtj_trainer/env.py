@@ -1,0 +1,209 @@
+"""The environment contract between the operator and the trainer, read in one place.
+
+The operator renders these variables on every worker and spare container (docs/architecture.md,
+"Environment contract"); ``rtj_operator.constants`` keeps the operator's copy of the names and a test
+keeps the two in step. Everything else in ``rtj_trainer`` takes a ``TrainerEnv`` instead of reading
+``os.environ`` itself, so tests can build one from a plain dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Final
+
+JOB_NAME: Final = "RTJ_JOB_NAME"
+NAMESPACE: Final = "RTJ_NAMESPACE"
+JOB_UID: Final = "RTJ_JOB_UID"
+POD_NAME: Final = "RTJ_POD_NAME"
+NODE_NAME: Final = "RTJ_NODE_NAME"
+POD_IP: Final = "RTJ_POD_IP"
+ROLE: Final = "RTJ_ROLE"
+NODE_RANK: Final = "RTJ_NODE_RANK"
+NNODES: Final = "RTJ_NNODES"
+NNODES_MAX: Final = "RTJ_NNODES_MAX"
+NPROC_PER_NODE: Final = "RTJ_NPROC_PER_NODE"
+RDZV_HOST: Final = "RTJ_RDZV_HOST"
+RDZV_PORT: Final = "RTJ_RDZV_PORT"
+CHECKPOINT_DIR: Final = "RTJ_CHECKPOINT_DIR"
+CHECKPOINT_INTERVAL_STEPS: Final = "RTJ_CHECKPOINT_INTERVAL_STEPS"
+CHECKPOINT_KEEP: Final = "RTJ_CHECKPOINT_KEEP"
+CHECKPOINT_MODE: Final = "RTJ_CHECKPOINT_MODE"
+FT_HEARTBEAT_TIMEOUT_SECONDS: Final = "RTJ_FT_HEARTBEAT_TIMEOUT_SECONDS"
+FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS: Final = "RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS"
+FT_MONITOR_INTERVAL_SECONDS: Final = "RTJ_FT_MONITOR_INTERVAL_SECONDS"
+MAX_RESTARTS: Final = "RTJ_MAX_RESTARTS"
+INPROCESS_ENABLED: Final = "RTJ_INPROCESS_ENABLED"
+INPROCESS_MAX_ITERATIONS: Final = "RTJ_INPROCESS_MAX_ITERATIONS"
+INPROCESS_SOFT_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_SOFT_TIMEOUT_SECONDS"
+INPROCESS_HARD_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_HARD_TIMEOUT_SECONDS"
+INPROCESS_BARRIER_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_BARRIER_TIMEOUT_SECONDS"
+PROGRESS_SINK: Final = "RTJ_PROGRESS_SINK"
+PROGRESS_INTERVAL_SECONDS: Final = "RTJ_PROGRESS_INTERVAL_SECONDS"
+FAULTS: Final = "RTJ_FAULTS"
+
+# Every name of the contract, for the test that compares them with the operator's renderer.
+CONTRACT_NAMES: Final = (
+    JOB_NAME,
+    NAMESPACE,
+    JOB_UID,
+    POD_NAME,
+    NODE_NAME,
+    POD_IP,
+    ROLE,
+    NODE_RANK,
+    NNODES,
+    NNODES_MAX,
+    NPROC_PER_NODE,
+    RDZV_HOST,
+    RDZV_PORT,
+    CHECKPOINT_DIR,
+    CHECKPOINT_INTERVAL_STEPS,
+    CHECKPOINT_KEEP,
+    CHECKPOINT_MODE,
+    FT_HEARTBEAT_TIMEOUT_SECONDS,
+    FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS,
+    FT_MONITOR_INTERVAL_SECONDS,
+    MAX_RESTARTS,
+    INPROCESS_ENABLED,
+    INPROCESS_MAX_ITERATIONS,
+    INPROCESS_SOFT_TIMEOUT_SECONDS,
+    INPROCESS_HARD_TIMEOUT_SECONDS,
+    INPROCESS_BARRIER_TIMEOUT_SECONDS,
+    PROGRESS_SINK,
+    FAULTS,
+)
+
+ROLE_WORKER: Final = "worker"
+ROLE_SPARE: Final = "spare"
+MODE_ASYNC: Final = "Async"
+MODE_SYNC: Final = "Sync"
+
+
+class EnvError(ValueError):
+    """A contract variable is missing or malformed."""
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise EnvError(f"{name} is required")
+        return default
+    try:
+        return int(raw)
+    except ValueError as err:
+        raise EnvError(f"{name}={raw!r} is not an integer") from err
+
+
+def _float(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as err:
+        raise EnvError(f"{name}={raw!r} is not a number") from err
+
+
+def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise EnvError(f"{name}={raw!r} is not true/false")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerEnv:
+    """The contract's values with the operator's defaults (docs/architecture.md, spec defaults)."""
+
+    job_name: str = "local"
+    namespace: str = "default"
+    job_uid: str = "local"
+    pod_name: str = ""
+    node_name: str = ""
+    pod_ip: str = ""
+    role: str = ROLE_WORKER
+    node_rank: int = 0
+    nnodes: int = 1
+    nnodes_max: int = 1
+    nproc_per_node: int = 1
+    rdzv_host: str = "127.0.0.1"
+    rdzv_port: int = 29500
+    checkpoint_dir: str = "/checkpoints/local"
+    checkpoint_interval_steps: int = 100
+    checkpoint_keep: int = 3
+    checkpoint_mode: str = MODE_ASYNC
+    ft_heartbeat_timeout_seconds: float = 300.0
+    ft_initial_heartbeat_timeout_seconds: float = 600.0
+    ft_monitor_interval_seconds: float = 5.0
+    max_restarts: int = 20
+    inprocess_enabled: bool = True
+    inprocess_max_iterations: int = 10
+    inprocess_soft_timeout_seconds: float = 60.0
+    inprocess_hard_timeout_seconds: float = 90.0
+    inprocess_barrier_timeout_seconds: float = 120.0
+    progress_sink: str = "pod-annotation"
+    progress_interval_seconds: float = 5.0
+    faults: str = ""
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> TrainerEnv:
+        d = cls()
+        role = environ.get(ROLE, d.role) or d.role
+        if role not in (ROLE_WORKER, ROLE_SPARE):
+            raise EnvError(f"{ROLE}={role!r} must be {ROLE_WORKER!r} or {ROLE_SPARE!r}")
+        mode = environ.get(CHECKPOINT_MODE, d.checkpoint_mode) or d.checkpoint_mode
+        if mode not in (MODE_ASYNC, MODE_SYNC):
+            raise EnvError(f"{CHECKPOINT_MODE}={mode!r} must be {MODE_ASYNC!r} or {MODE_SYNC!r}")
+        nnodes = _int(environ, NNODES, d.nnodes)
+        env = cls(
+            job_name=environ.get(JOB_NAME, d.job_name),
+            namespace=environ.get(NAMESPACE, d.namespace),
+            job_uid=environ.get(JOB_UID, d.job_uid),
+            pod_name=environ.get(POD_NAME, d.pod_name),
+            node_name=environ.get(NODE_NAME, d.node_name),
+            pod_ip=environ.get(POD_IP, d.pod_ip),
+            role=role,
+            node_rank=_int(environ, NODE_RANK, d.node_rank),
+            nnodes=nnodes,
+            nnodes_max=_int(environ, NNODES_MAX, nnodes),
+            nproc_per_node=_int(environ, NPROC_PER_NODE, d.nproc_per_node),
+            rdzv_host=environ.get(RDZV_HOST, d.rdzv_host),
+            rdzv_port=_int(environ, RDZV_PORT, d.rdzv_port),
+            checkpoint_dir=environ.get(CHECKPOINT_DIR, d.checkpoint_dir),
+            checkpoint_interval_steps=_int(environ, CHECKPOINT_INTERVAL_STEPS, d.checkpoint_interval_steps),
+            checkpoint_keep=_int(environ, CHECKPOINT_KEEP, d.checkpoint_keep),
+            checkpoint_mode=mode,
+            ft_heartbeat_timeout_seconds=_float(
+                environ, FT_HEARTBEAT_TIMEOUT_SECONDS, d.ft_heartbeat_timeout_seconds
+            ),
+            ft_initial_heartbeat_timeout_seconds=_float(
+                environ, FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS, d.ft_initial_heartbeat_timeout_seconds
+            ),
+            ft_monitor_interval_seconds=_float(
+                environ, FT_MONITOR_INTERVAL_SECONDS, d.ft_monitor_interval_seconds
+            ),
+            max_restarts=_int(environ, MAX_RESTARTS, d.max_restarts),
+            inprocess_enabled=_bool(environ, INPROCESS_ENABLED, d.inprocess_enabled),
+            inprocess_max_iterations=_int(environ, INPROCESS_MAX_ITERATIONS, d.inprocess_max_iterations),
+            inprocess_soft_timeout_seconds=_float(
+                environ, INPROCESS_SOFT_TIMEOUT_SECONDS, d.inprocess_soft_timeout_seconds
+            ),
+            inprocess_hard_timeout_seconds=_float(
+                environ, INPROCESS_HARD_TIMEOUT_SECONDS, d.inprocess_hard_timeout_seconds
+            ),
+            inprocess_barrier_timeout_seconds=_float(
+                environ, INPROCESS_BARRIER_TIMEOUT_SECONDS, d.inprocess_barrier_timeout_seconds
+            ),
+            progress_sink=environ.get(PROGRESS_SINK, d.progress_sink) or d.progress_sink,
+            progress_interval_seconds=_float(environ, PROGRESS_INTERVAL_SECONDS, d.progress_interval_seconds),
+            faults=environ.get(FAULTS, d.faults),
+        )
+        if env.checkpoint_interval_steps < 1 or env.checkpoint_keep < 1:
+            raise EnvError(f"{CHECKPOINT_INTERVAL_STEPS} and {CHECKPOINT_KEEP} must be >= 1")
+        return env

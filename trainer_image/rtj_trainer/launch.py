@@ -1,0 +1,161 @@
+"""``rtj-launch -- <training command...>``: the worker container's entry point.
+
+It turns the environment contract (``rtj_trainer.env``) into an ``ft_launcher`` command line and
+execs it, so ft_launcher (NVRx's torchrun) becomes the container's main process and restarts the
+workers of this node on a crash or a missed heartbeat (in-job restart). The argv is built by the pure
+:func:`ft_launcher_argv` and passed as a list: nothing the user wrote reaches a shell.
+
+Rendezvous: worker 0 hosts the c10d store (``is_host=1``), every node dials ``RTJ_RDZV_HOST``
+(``J-worker-0.J.NS.svc``). The name exists only once the headless service publishes worker 0, and a
+local cluster resolves it only in Python, so it is resolved here, with retries, and ft_launcher gets
+an address. With ``RTJ_ROLE=spare`` nothing is launched: the pod holds its node until it is deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rtj_trainer.env import ROLE_SPARE, TrainerEnv
+from rtj_trainer.nvrx_compat import ft_launcher_flags
+
+log = logging.getLogger("rtj_trainer.launch")
+
+
+def _fmt_seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def ft_launcher_argv(
+    env: TrainerEnv,
+    *,
+    rdzv_address: str,
+    command: Sequence[str],
+    cpu: bool,
+    launcher: str = "ft_launcher",
+    flags: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The ft_launcher command for this node (pure)."""
+    if not command:
+        raise ValueError("no training command given after --")
+    names = dict(flags or ft_launcher_flags())
+    argv = [
+        launcher,
+        f"--nnodes={env.nnodes}:{max(env.nnodes_max, env.nnodes)}",
+        f"--nproc-per-node={env.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={_host_port(rdzv_address, env.rdzv_port)}",
+        f"--rdzv-id={env.job_uid}",
+        f"--rdzv-conf=is_host={1 if env.node_rank == 0 else 0}",
+        f"{names['initial_heartbeat_timeout']}={_fmt_seconds(env.ft_initial_heartbeat_timeout_seconds)}",
+        f"{names['heartbeat_timeout']}={_fmt_seconds(env.ft_heartbeat_timeout_seconds)}",
+        f"--monitor-interval={_fmt_seconds(env.ft_monitor_interval_seconds)}",
+        f"--max-restarts={env.max_restarts}",
+    ]
+    if env.pod_ip:
+        # Rank 0's agent publishes this as MASTER_ADDR: the pod IP is reachable from every node,
+        # a pod's own hostname may not resolve elsewhere.
+        argv.append(f"--local-addr={env.pod_ip}")
+    if cpu:
+        # The NIC monitor reads InfiniBand/EFA counters that CPU machines lack.
+        argv.append(f"{names['nic_monitor']}=false")
+    argv += ["--no-python", *command]
+    return argv
+
+
+def resolve(
+    host: str,
+    port: int,
+    *,
+    timeout: float = 600.0,
+    resolver: Callable[..., Sequence[tuple[Any, ...]]] = socket.getaddrinfo,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """The address of ``host``, retried until the name exists (a headless record appears late)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.5
+    while True:
+        try:
+            infos = resolver(host, port, type=socket.SOCK_STREAM)
+        except OSError as err:
+            if time.monotonic() + delay > deadline:
+                raise RuntimeError(
+                    f"rendezvous host {host!r} did not resolve within {timeout:.0f} s"
+                ) from err
+            log.info("waiting for %s to resolve (%s)", host, err)
+            sleep(delay)
+            delay = min(delay * 2, 5.0)
+            continue
+        # Prefer IPv4: the c10d store and gloo bind IPv4 wildcards on these machines.
+        infos = sorted(infos, key=lambda info: 0 if info[0] == socket.AF_INET else 1)
+        sockaddr = infos[0][4]
+        assert isinstance(sockaddr, tuple)
+        return str(sockaddr[0])
+
+
+def _find_executable(name: str) -> str:
+    """``name`` on PATH, else next to this interpreter (a virtual environment not on PATH)."""
+    if os.sep in name:
+        return name
+    found = shutil.which(name)
+    if found:
+        return found
+    sibling = Path(sys.executable).parent / name
+    return str(sibling) if sibling.exists() else name
+
+
+def idle_as_spare() -> int:
+    """Hold the node until the operator deletes the pod (SIGTERM)."""
+    log.info("hot spare: holding the node until SIGTERM")
+    signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    signal.sigwait(signals)
+    return 0
+
+
+def _cpu_only() -> bool:
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except ImportError:
+        return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    env = TrainerEnv.from_environ(os.environ)
+    if env.role == ROLE_SPARE:
+        return idle_as_spare()
+    if not args:
+        print("usage: rtj-launch -- <training command...>", file=sys.stderr)
+        return 2
+    command = [_find_executable(args[0]), *args[1:]]
+    address = resolve(env.rdzv_host, env.rdzv_port)
+    launcher = _find_executable("ft_launcher")
+    full = ft_launcher_argv(env, rdzv_address=address, command=command, cpu=_cpu_only(), launcher=launcher)
+    child_env = dict(os.environ)
+    # ft_launcher's IPC sockets live in TMPDIR; a read-only root filesystem needs it on a volume.
+    child_env.setdefault("TMPDIR", tempfile.gettempdir())
+    child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    log.info("exec %s", " ".join(full))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(full[0], full, child_env)
+    return 127  # not reached

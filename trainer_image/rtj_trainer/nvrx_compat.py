@@ -1,0 +1,227 @@
+"""The one place that touches NVRx internals or version-specific names.
+
+NVRx 0.4.1 is the newest release that installs on the Python 3.11 development machines; the GPU image
+pins a newer one on Python 3.12. Everything that differs between releases, or that reaches past the
+public API to work on CPU, lives here: the async checkpoint writer (``rtj_trainer.checkpoint`` uses
+it), the in-process ``Wrapper`` keyword arguments (``rtj_trainer.restart``), the heartbeat client
+(``rtj_trainer.train``) and ft_launcher's flag spellings (``rtj_trainer.launch``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import os
+import signal
+from collections.abc import Callable, Mapping
+from importlib import metadata
+from typing import Any, Final, Optional
+
+import torch
+
+NVRX_DISTRIBUTION: Final = "nvidia-resiliency-ext"
+
+
+def nvrx_version() -> tuple[int, ...]:
+    try:
+        raw = metadata.version(NVRX_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return (0, 0, 0)
+    parts: list[int] = []
+    for piece in raw.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# ft_launcher flags. 0.4.1 spells the NIC monitor switch --ft-enable-nic-monitor (the older
+# --ft-param-enable-nic-monitor spelling warns); the restart policy flag --ft-restart-policy
+# exists from 0.4 on.
+# ---------------------------------------------------------------------------------------------
+
+
+def ft_launcher_flags(version: tuple[int, ...] | None = None) -> Mapping[str, str]:
+    """Flag names for ``rtj_trainer.launch``, by the installed (or given) NVRx version."""
+    _ = version if version is not None else nvrx_version()
+    return {
+        "initial_heartbeat_timeout": "--ft-initial-rank-heartbeat-timeout",
+        "heartbeat_timeout": "--ft-rank-heartbeat-timeout",
+        "nic_monitor": "--ft-enable-nic-monitor",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Heartbeats to ft_launcher's rank monitor.
+# ---------------------------------------------------------------------------------------------
+
+FT_IPC_ENV: Final = "FT_RANK_MONITOR_IPC_SOCKET"
+
+
+class Heartbeats:
+    """``RankMonitorClient`` when running under ft_launcher, otherwise nothing.
+
+    ``init_workload_monitoring()`` raises outside ft_launcher, so a plain ``rtj-train`` (tests, a
+    laptop) runs without heartbeats.
+    """
+
+    def __init__(self) -> None:
+        self._client: Any = None
+        if os.environ.get(FT_IPC_ENV):
+            from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+            self._client = RankMonitorClient()
+
+    @property
+    def enabled(self) -> bool:
+        return self._client is not None
+
+    def connect(self) -> None:
+        """(Re)connect after the process group exists: a new in-process iteration reconnects."""
+        if self._client is None:
+            return
+        if self._client.is_initialized:
+            self._client.shutdown_workload_monitoring()
+        self._client.init_workload_monitoring()
+
+    def beat(self) -> None:
+        if self._client is not None and self._client.is_initialized:
+            self._client.send_heartbeat()
+
+    def close(self) -> None:
+        if self._client is not None and self._client.is_initialized:
+            self._client.shutdown_workload_monitoring()
+
+
+# ---------------------------------------------------------------------------------------------
+# Async checkpoint writer: NVRx TorchAsyncCheckpoint with a persistent writer process.
+# ---------------------------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG: Final = 1
+_writer_state = {"prepared": False}
+
+
+def _prepare_writer_process() -> None:
+    """Runs inside the writer: die with the trainer instead of lingering as an orphan."""
+    if _writer_state["prepared"]:
+        return
+    _writer_state["prepared"] = True
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def write_shard_durably(state: Any, path: str) -> None:
+    """The writer's function: torch.save, then fsync, so a finalized save is on disk.
+
+    Module-level so the spawned writer process imports it by name.
+    """
+    _prepare_writer_process()
+    if path == os.devnull:
+        return  # the warm-up request that starts the writer process ahead of the first save
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class AsyncWriter:
+    """One rank's NVRx async writer: submit a save, poll it, notice when the writer died.
+
+    Wraps ``TorchAsyncCheckpoint(persistent_queue=True)``. Its ``async_save`` calls
+    ``torch.cuda.synchronize()`` unconditionally and its caller asks ``torch.distributed`` for the
+    rank, and its blocking finalize waits forever on a dead writer; so requests are scheduled on
+    its queue directly, the synchronize is guarded, and completion is only ever polled.
+    """
+
+    def __init__(self, rank: int) -> None:
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import PersistentAsyncCaller
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.torch_ckpt import TorchAsyncCheckpoint
+
+        self._ckpt: Any = TorchAsyncCheckpoint(persistent_queue=True)
+        queue = self._ckpt._async_calls_queue
+        queue.persistent_caller = PersistentAsyncCaller()
+        queue.persistent_caller.rank = rank
+        self._queue: Any = queue
+
+    def start(self) -> None:
+        """Start the writer process now (spawning it takes seconds) instead of in the first save."""
+        if self._queue.persistent_caller.process is None:
+            self.submit({}, os.devnull)
+
+    def submit(self, state: Any, path: str) -> None:
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            torch.cuda.synchronize()
+        self._queue.schedule_async_request(AsyncRequest(write_shard_durably, (state, path), [], {}))
+
+    def pending(self) -> int:
+        return int(self._queue.get_num_unfinalized_calls())
+
+    def poll(self) -> bool:
+        """Finalize what finished; True when nothing is pending any more."""
+        if self.pending():
+            self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
+        return self.pending() == 0
+
+    def writer_alive(self) -> bool:
+        process = self._queue.persistent_caller.process
+        return process is not None and bool(process.is_alive())
+
+    def writer_pid(self) -> int | None:
+        process = self._queue.persistent_caller.process
+        return int(process.pid) if process is not None else None
+
+    def close(self) -> None:
+        """Stop the writer; a dead one is forgotten, since joining its queue would block forever."""
+        caller = self._queue.persistent_caller
+        if caller.process is not None and caller.process.is_alive() and self.pending() == 0:
+            caller.close()
+        else:
+            if caller.process is not None and caller.process.is_alive():
+                caller.process.kill()
+                caller.process.join(timeout=10)
+            caller.process = None
+        self._queue.async_calls.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process restart Wrapper keyword arguments.
+# ---------------------------------------------------------------------------------------------
+
+
+def wrapper_kwargs(requested: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep the keyword arguments the installed ``inprocess.Wrapper`` accepts.
+
+    Releases add and rename tuning knobs; a knob the installed release lacks falls back to its
+    default rather than failing the job.
+    """
+    from nvidia_resiliency_ext import inprocess
+
+    accepted = inspect.signature(inprocess.Wrapper.__init__).parameters
+    return {k: v for k, v in requested.items() if k in accepted}
+
+
+def wrapped_entry(wrapper: Any, fn: Callable[[Any], int]) -> Callable[[], int]:
+    """``wrapper(fn)`` where ``fn(call_wrapper)`` receives the ``CallWrapper`` (None when disabled).
+
+    The wrapper finds the parameter to fill by its annotation, evaluated with ``issubclass``: string
+    annotations (``from __future__ import annotations``) break it, so the signature is set explicitly.
+    """
+    from nvidia_resiliency_ext import inprocess
+
+    def entry(call_wrapper: Any = None) -> int:
+        return fn(call_wrapper)
+
+    parameter = inspect.Parameter(
+        "call_wrapper",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        default=None,
+        annotation=Optional[inprocess.CallWrapper],  # noqa: UP045 - the wrapper matches typing.Union
+    )
+    entry.__signature__ = inspect.Signature([parameter])  # type: ignore[attr-defined]
+    wrapped: Callable[[], int] = wrapper(entry)
+    return wrapped

@@ -1,0 +1,422 @@
+"""``rtj-train``: FSDP training that survives faults, the program each ft_launcher worker runs.
+
+One process per rank (ft_launcher sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT; without them
+it runs as a single rank). The training function runs under NVRx's in-process ``Wrapper``
+(``rtj_trainer.restart``): on an exception in any rank, every rank restarts the function in the same
+interpreter; the process group (on a fresh store prefix), the FSDP2 model and the optimizer are
+rebuilt inside it, and the state comes back from memory when every rank holds the same, intact
+step, otherwise from the newest complete checkpoint (``rtj_trainer.checkpoint``). A killed or hung
+rank is ft_launcher's job: the new processes resume from the checkpoint, and the node's persisted
+progress (``rtj_trainer.progress``) tells them which fault they are recovering from.
+
+Ports: ft_launcher's store listens on MASTER_PORT; the process groups' store on MASTER_PORT+1 and
+the wrapper's store on MASTER_PORT+2 (both hosted by rank 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rtj_trainer import faults as faults_mod
+from rtj_trainer.checkpoint import CheckpointManager
+from rtj_trainer.env import MODE_ASYNC, TrainerEnv
+from rtj_trainer.model import (
+    ModelConfig,
+    batch_for_step,
+    build_model,
+    local_state,
+    restore_local_state,
+    shard_model,
+    transition_table,
+)
+from rtj_trainer.nvrx_compat import Heartbeats, wrapped_entry
+from rtj_trainer.progress import (
+    NoSink,
+    Progress,
+    RecoveryEvent,
+    Reporter,
+    load_node_state,
+    make_sink,
+    train_start_time,
+)
+
+log = logging.getLogger("rtj_trainer")
+
+PG_STORE_PORT_OFFSET = 1
+WRAPPER_STORE_PORT_OFFSET = 2
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="rtj-train", description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=200, help="total training steps")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument(
+        "--step-sleep", type=float, default=0.0, help="extra seconds per step (emulates heavier steps)"
+    )
+    p.add_argument("--log-interval", type=int, default=10)
+    p.add_argument("--checkpoint-dir", default=None, help="default: $RTJ_CHECKPOINT_DIR")
+    p.add_argument(
+        "--checkpoint-interval", type=int, default=None, help="default: $RTJ_CHECKPOINT_INTERVAL_STEPS"
+    )
+    p.add_argument(
+        "--checkpoint-mode", choices=("Async", "Sync"), default=None, help="default: $RTJ_CHECKPOINT_MODE"
+    )
+    p.add_argument("--pg-timeout", type=float, default=120.0, help="process-group timeout, seconds")
+    p.add_argument(
+        "--commit-timeout", type=float, default=600.0, help="wait for the final checkpoint, seconds"
+    )
+    return p.parse_args(argv)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_rank_env() -> None:
+    """Outside a launcher, run as a single rank."""
+    if "RANK" in os.environ:
+        return
+    os.environ.update(
+        {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+        | ({} if "MASTER_PORT" in os.environ else {"MASTER_PORT": str(_free_port() - 2)})
+    )
+
+
+def _parse_time(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclasses.dataclass
+class Memory:
+    """The newest state in memory, kept across in-process restarts (references, not copies)."""
+
+    step: int = -1
+    tensors: dict[str, torch.Tensor] | None = None
+    consistent: bool = False
+    rank: int = -1
+    world_size: int = -1
+    useful_seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class PendingRecovery:
+    kind: str
+    fault_time: float
+    fault_step: int
+
+
+class Trainer:
+    def __init__(self, args: argparse.Namespace, env: TrainerEnv) -> None:
+        self.args = args
+        self.env = env
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.master_addr = os.environ["MASTER_ADDR"]
+        self.master_port = int(os.environ["MASTER_PORT"])
+        if torch.cuda.is_available():
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+            self.backend = "nccl"
+        else:
+            self.device = torch.device("cpu")
+            self.backend = "gloo"
+        self.cfg = ModelConfig(
+            vocab=args.vocab,
+            hidden=args.hidden,
+            layers=args.layers,
+            seq_len=args.seq_len,
+            batch=args.batch,
+            seed=args.seed,
+        )
+        self.checkpoint_dir = args.checkpoint_dir or env.checkpoint_dir
+        self.interval = args.checkpoint_interval or env.checkpoint_interval_steps
+        mode = args.checkpoint_mode or env.checkpoint_mode
+        self.ckpt = CheckpointManager(
+            self.checkpoint_dir,
+            rank=self.rank,
+            world_size=self.world_size,
+            asynchronous=mode == MODE_ASYNC,
+            keep=env.checkpoint_keep,
+        )
+        self.faults = faults_mod.FaultInjector(
+            faults_mod.parse_faults(env.faults), self.checkpoint_dir, self.rank
+        )
+        self.heartbeats = Heartbeats()
+        self.memory = Memory()
+        self.current_step = 0
+        self.in_job_restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+        now = time.time()
+        node_rank = env.node_rank
+        prior = load_node_state(self.checkpoint_dir, node_rank)
+        self.in_process_base = 0
+        events: list[dict[str, Any]] = []
+        self.pending: PendingRecovery | None = None
+        if prior is not None and not prior.get("finished", False):
+            self.in_process_base = int(prior.get("restarts", {}).get("inProcess", 0))
+            events = list(prior.get("events", []))
+            self.pending = self._in_job_fault(prior, events, now)
+        self.progress = Progress(
+            node_rank=node_rank, train_start_time=train_start_time(self.checkpoint_dir, now)
+        )
+        self.progress.events = events
+        self.progress.restarts_in_job = self.in_job_restarts
+        self.progress.restarts_in_process = self.in_process_base
+        self.reporter = Reporter(
+            make_sink(env.progress_sink, env.namespace, env.pod_name) if self.local_rank == 0 else NoSink(),
+            self.checkpoint_dir,
+            env.progress_interval_seconds,
+        )
+        # The process groups' store lives across in-process iterations; each iteration uses a prefix.
+        self.pg_store = dist.TCPStore(  # type: ignore[attr-defined]
+            host_name=self.master_addr,
+            port=self.master_port + PG_STORE_PORT_OFFSET,
+            world_size=self.world_size,
+            is_master=self.rank == 0,
+            timeout=dt.timedelta(seconds=env.inprocess_barrier_timeout_seconds),
+            wait_for_workers=True,
+            multi_tenant=True,
+        )
+
+    def _in_job_fault(
+        self, prior: dict[str, Any], events: list[dict[str, Any]], now: float
+    ) -> PendingRecovery:
+        """This process replaces one that died: when did that happen and how far had it got?"""
+        last_report = _parse_time(prior.get("time")) or now
+        since = max([float(e.get("recoveredEpoch", 0.0)) for e in events] + [0.0])
+        fired = self.faults.fired_since(since)
+        if fired:
+            newest = fired[-1]
+            return PendingRecovery("InJobRestart", newest.time, newest.step)
+        return PendingRecovery("InJobRestart", last_report, int(prior.get("step", 0)))
+
+    # -- the wrapped function ---------------------------------------------------------------------
+
+    def run(self, call_wrapper: Any = None) -> int:
+        iteration = 0 if call_wrapper is None else int(call_wrapper.iteration)
+        rank = int(os.environ["RANK"])
+        world_size = int(os.environ["WORLD_SIZE"])
+        if world_size != self.world_size or rank != self.rank:
+            # Shards are per rank of a fixed world: a shrunk world cannot continue in-process.
+            # Exit, so ft_launcher restarts every worker with the full world.
+            log.error(
+                "in-process restart reassigned rank %d/%d to %d/%d; leaving it to ft_launcher",
+                self.rank,
+                self.world_size,
+                rank,
+                world_size,
+            )
+            os._exit(3)
+        store = dist.PrefixStore(f"rtj-pg-{iteration}", self.pg_store)  # type: ignore[attr-defined]
+        dist.init_process_group(
+            self.backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=dt.timedelta(seconds=self.args.pg_timeout),
+            device_id=self.device if self.backend == "nccl" else None,
+        )
+        try:
+            result = self._train(iteration)
+        except BaseException:
+            now = time.time()
+            fired = self.faults.fired_since(now - 120)
+            fault_time = min([now] + [f.time for f in fired])
+            self.pending = PendingRecovery("InProcessRestart", fault_time, self.current_step)
+            raise
+        dist.destroy_process_group()
+        return result
+
+    def _train(self, iteration: int) -> int:
+        self.heartbeats.connect()
+        self.progress.restarts_in_process = self.in_process_base + iteration
+        model = shard_model(build_model(self.cfg, self.device), self.device.type)
+        opt = torch.optim.Adam(model.parameters(), lr=self.args.lr)
+        start, source = self._resume(model, opt)
+        self.memory.rank, self.memory.world_size = self.rank, self.world_size
+        perm = transition_table(self.cfg)
+        steps = self.args.steps
+        log.info("rank %d: iteration %d resumes at step %d from %s", self.rank, iteration, start, source)
+        resumed_step = start
+        for step in range(start, steps):
+            self.current_step = step
+            self.faults.maybe_fire(step)
+            started = time.perf_counter()
+            inputs, targets = batch_for_step(self.cfg, step, self.rank, perm)
+            logits = model(inputs.to(self.device))
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, self.cfg.vocab), targets.to(self.device).reshape(-1)
+            )
+            loss.backward()  # type: ignore[no-untyped-call]
+            # Between here and the end of the step the shards are half-updated: not a state to resume.
+            self.memory.consistent = False
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            self.memory.tensors = local_state(model, opt)
+            self.memory.step = step + 1
+            self.memory.consistent = True
+            if self.args.step_sleep > 0:
+                time.sleep(self.args.step_sleep)
+            loss_value = float(loss.item())
+            step_seconds = time.perf_counter() - started
+            self.memory.useful_seconds += step_seconds
+            self.heartbeats.beat()
+            force = self._maybe_record_recovery(resumed_step, source)
+            blocking = 0.0
+            if (step + 1) % self.interval == 0 and step + 1 < steps:
+                blocking = self._save(step + 1, loss_value)
+            if self.ckpt.poll():
+                force = True
+            self._update_progress(step + 1, step_seconds, blocking, loss_value)
+            if self.rank == 0 and (step + 1) % self.args.log_interval == 0:
+                log.info(
+                    "step=%d loss=%.4f step_time=%.4f ckpt_blocking=%.4f",
+                    step + 1,
+                    loss_value,
+                    step_seconds,
+                    blocking,
+                )
+            self.reporter.report(self.progress, force=force)
+        self._finish(steps)
+        return 0
+
+    def _resume(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, str]:
+        mem = self.memory
+        usable = mem.tensors is not None and mem.consistent and mem.world_size == self.world_size
+        mem_step = mem.step if usable else -1
+        # Every rank must resume from the same step: memory only if all hold the same intact step.
+        agree = torch.tensor([1 if usable else 0, mem_step, -mem_step], dtype=torch.long, device=self.device)
+        dist.all_reduce(agree, op=dist.ReduceOp.MIN)
+        if int(agree[0]) == 1 and int(agree[1]) == -int(agree[2]):
+            assert mem.tensors is not None
+            restore_local_state(model, opt, mem.tensors)
+            return mem.step, "memory"
+        newest = torch.tensor(
+            [self.ckpt.newest_step() if self.rank == 0 else -1], dtype=torch.long, device=self.device
+        )
+        dist.all_reduce(newest, op=dist.ReduceOp.MAX)
+        step = int(newest[0])
+        if step < 0:
+            mem.useful_seconds = 0.0
+            mem.step = 0
+            return 0, "scratch"
+        info, payload = self.ckpt.load(step)
+        restore_local_state(model, opt, payload["tensors"])
+        mem.useful_seconds = float(payload["extra"].get("usefulStepSeconds", 0.0))
+        mem.step = step
+        self.progress.last_checkpoint_step = info.step
+        self.progress.last_checkpoint_time = info.time
+        return step, "checkpoint"
+
+    def _maybe_record_recovery(self, resumed_step: int, source: str) -> bool:
+        if self.pending is None:
+            return False
+        pending, self.pending = self.pending, None
+        event = RecoveryEvent(
+            kind=pending.kind,
+            step=resumed_step,
+            fault_time=pending.fault_time,
+            recovered_time=time.time(),
+            steps_lost=max(0, pending.fault_step - resumed_step),
+            resumed_from=source,
+        )
+        self.progress.add_event(event)
+        if self.local_rank == 0:
+            print(event.log_line(), flush=True)
+        return True
+
+    def _save(self, step: int, loss_value: float) -> float:
+        extra = {"usefulStepSeconds": self.memory.useful_seconds, "loss": loss_value}
+        self.ckpt.save(step, self.memory.tensors or {}, extra)
+        return self.ckpt.stats.last_blocking_seconds
+
+    def _update_progress(self, step: int, step_seconds: float, blocking: float, loss_value: float) -> None:
+        p = self.progress
+        p.step = step
+        p.step_time_seconds = step_seconds
+        if blocking > 0:
+            p.checkpoint_blocking_seconds = blocking
+        p.useful_step_seconds = self.memory.useful_seconds
+        p.loss = loss_value
+        last = self.ckpt.last_committed
+        if last is not None and (p.last_checkpoint_step is None or last.step >= p.last_checkpoint_step):
+            p.last_checkpoint_step, p.last_checkpoint_time = last.step, last.time
+
+    def _finish(self, steps: int) -> None:
+        """Commit the final checkpoint, then report the run finished."""
+        final = self.ckpt.last_committed
+        if final is None or final.step != steps:
+            self._save(steps, self.progress.loss or 0.0)
+        self.ckpt.wait(timeout=None)
+        dist.barrier()  # every rank's final shard is durable
+        if self.rank == 0 and not self.ckpt.wait_committed(steps, timeout=self.args.commit_timeout):
+            raise RuntimeError(f"final checkpoint of step {steps} did not commit")
+        dist.barrier()
+        self.ckpt.poll()
+        self._update_progress(steps, self.progress.step_time_seconds, 0.0, self.progress.loss or 0.0)
+        self.progress.step = steps
+        self.progress.finished = True
+        self.reporter.report(self.progress, force=True)
+
+    def close(self) -> None:
+        self.ckpt.close()
+        self.heartbeats.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s rank=" + os.environ.get("RANK", "0") + " %(name)s: %(message)s",
+        stream=sys.stdout,
+    )
+    ensure_rank_env()
+    env = TrainerEnv.from_environ(os.environ)
+    from rtj_trainer.restart import make_wrapper
+
+    trainer = Trainer(args, env)
+    wrapper = make_wrapper(
+        env,
+        store_host=trainer.master_addr,
+        store_port=trainer.master_port + WRAPPER_STORE_PORT_OFFSET,
+        keep_ports=(
+            trainer.master_port,
+            trainer.master_port + PG_STORE_PORT_OFFSET,
+            trainer.master_port + WRAPPER_STORE_PORT_OFFSET,
+        ),
+    )
+    try:
+        rc = wrapped_entry(wrapper, trainer.run)()
+    finally:
+        trainer.close()
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
