@@ -77,6 +77,8 @@ def test_default_install_runs_one_restricted_operator_for_all_namespaces() -> No
     assert pod["automountServiceAccountToken"] is True
     (container,) = pod["containers"]
     assert container["image"] == "ghcr.io/resilient-training/rtj-operator:0.1.0"
+    # A tag can move, so every start checks the registry; a digest cannot (see the namespaced test).
+    assert container["imagePullPolicy"] == "Always"
     assert container["args"] == [
         "--all-namespaces",
         "--liveness=http://0.0.0.0:8080/healthz",
@@ -119,6 +121,7 @@ def test_namespaced_example_grants_per_namespace_roles_and_watches_only_those() 
     assert container["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
     assert "--all-namespaces" not in container["args"]
     assert container["image"].endswith("@" + values["image"]["digest"])
+    assert container["imagePullPolicy"] == "IfNotPresent"
     monitor = one(objects, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"

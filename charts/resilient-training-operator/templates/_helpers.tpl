@@ -55,6 +55,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{- define "rtj.imagePullPolicy" -}}
+{{- if .Values.image.pullPolicy }}
+{{- .Values.image.pullPolicy }}
+{{- else if .Values.image.digest }}
+{{- "IfNotPresent" }}
+{{- else }}
+{{- "Always" }}
+{{- end }}
+{{- end }}
+
 {{/*
 Namespaced permissions: what the operator does inside a namespace whose jobs it reconciles.
 Every verb is used by the operator (rtj_operator.kube.REQUIRED_PERMISSIONS) or by kopf itself;

@@ -1,0 +1,192 @@
+"""The chart grants every API call the operator makes, and nothing broader.
+
+The operator lists its own API calls in `rtj_operator.kube.REQUIRED_PERMISSIONS`; kopf's own
+needs (CRD scanning, namespace following, events) are the documented allowlist below. Both RBAC
+modes are checked: cluster-wide (ClusterRoleBinding) and per watched namespace (RoleBindings).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from chart_support import NAMESPACE, RELEASE, render
+
+# (API group, resource, verb); "" is the core group.
+Permission = tuple[str, str, str]
+
+# Resources without a namespace: only a ClusterRole can grant them.
+CLUSTER_SCOPED = {
+    ("", "nodes"),
+    ("", "persistentvolumes"),
+    ("", "namespaces"),
+    ("apiextensions.k8s.io", "customresourcedefinitions"),
+}
+
+# What kopf itself calls, beyond the operator's handlers (docs/security.md explains each).
+KOPF_ALLOWLIST: set[Permission] = {
+    ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+    ("", "namespaces", "list"),
+    ("", "namespaces", "watch"),
+    ("", "events", "create"),
+    ("", "events", "patch"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
+    ("resilient.training", "resilienttrainingjobs", "list"),
+    ("resilient.training", "resilienttrainingjobs", "watch"),
+    ("resilient.training", "resilienttrainingjobs", "patch"),
+}
+
+# Granted only when a value opts in.
+OPT_IN: dict[Permission, dict[str, Any]] = {
+    ("", "nodes", "patch"): {"nodeTainting": {"enabled": True}},
+}
+
+FORBIDDEN_RESOURCES = {
+    "secrets",
+    "configmaps",
+    "clusterroles",
+    "clusterrolebindings",
+    "pods/exec",
+    "pods/attach",
+}
+FORBIDDEN_VERBS = {"escalate", "bind", "impersonate", "*"}
+
+
+def _crud(group: str, resource: str, *verbs: str) -> set[Permission]:
+    return {(group, resource, verb) for verb in verbs}
+
+
+# The API calls of the operator's reconcile loop, derived from the design (docs/architecture.md):
+# it creates, watches and deletes each job's children, writes status, reads nodes and, opted in,
+# taints them.
+OPERATOR_CALLS: set[Permission] = (
+    _crud("resilient.training", "resilienttrainingjobs", "get", "list", "watch", "patch")
+    | _crud("resilient.training", "resilienttrainingjobs/status", "get", "patch")
+    | _crud("", "pods", "get", "list", "watch", "create", "delete", "patch")
+    | _crud("", "services", "get", "list", "watch", "create", "delete")
+    | _crud("", "persistentvolumeclaims", "get", "list", "watch", "create", "delete")
+    | _crud("", "persistentvolumes", "get", "list", "watch", "create", "delete")
+    | _crud("", "serviceaccounts", "get", "list", "watch", "create", "delete")
+    | _crud("rbac.authorization.k8s.io", "roles", "get", "list", "watch", "create", "delete")
+    | _crud("rbac.authorization.k8s.io", "rolebindings", "get", "list", "watch", "create", "delete")
+    | _crud("", "events", "create", "patch")
+    | _crud("", "nodes", "get", "list", "watch", "patch")
+)
+
+
+def required_permissions() -> set[Permission]:
+    return OPERATOR_CALLS
+
+
+def grants(objects: list[dict[str, Any]]) -> dict[str, set[Permission]]:
+    """Scope ("*" for cluster-wide, else a namespace) -> permissions bound to the operator."""
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objects}
+    result: dict[str, set[Permission]] = {}
+    for binding in objects:
+        if binding["kind"] not in {"ClusterRoleBinding", "RoleBinding"}:
+            continue
+        assert binding["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": f"{RELEASE}-resilient-training-operator",
+                "namespace": NAMESPACE,
+            }
+        ]
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace")
+        role = roles[(ref["kind"], namespace if ref["kind"] == "Role" else None, ref["name"])]
+        scope = "*" if binding["kind"] == "ClusterRoleBinding" else namespace
+        for rule in role["rules"]:
+            assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+            result.setdefault(scope, set()).update(
+                (group, resource, verb)
+                for group in rule["apiGroups"]
+                for resource in rule["resources"]
+                for verb in rule["verbs"]
+            )
+    return result
+
+
+MODES = {
+    "all-namespaces": {},
+    "all-namespaces-tainting": {"nodeTainting": {"enabled": True}},
+    "watched-namespaces": {"watchNamespaces": ["team-a", "team-b"]},
+    "watched-namespaces-tainting": {"watchNamespaces": ["team-a"], "nodeTainting": {"enabled": True}},
+}
+
+
+def enabled(permission: Permission, values: dict[str, Any]) -> bool:
+    opt_in = OPT_IN.get(permission)
+    return opt_in is None or all(values.get(key) == value for key, value in opt_in.items())
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_every_permission_the_operator_uses_is_granted_where_it_needs_it(mode: str) -> None:
+    values = MODES[mode]
+    granted = grants(render(values))
+    namespaces = values.get("watchNamespaces") or ["*"]
+    for permission in sorted(required_permissions()):
+        if not enabled(permission, values):
+            continue
+        group, resource, _ = permission
+        base = resource.split("/", 1)[0]
+        scopes = ["*"] if (group, base) in CLUSTER_SCOPED else namespaces
+        for scope in scopes:
+            assert permission in granted.get(scope, set()) | granted.get("*", set()), (permission, scope)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_nothing_beyond_the_operator_needs_and_kopf_allowlist_is_granted(mode: str) -> None:
+    values = MODES[mode]
+    needed = {p for p in required_permissions() | KOPF_ALLOWLIST if enabled(p, values)}
+    for scope, permissions in grants(render(values)).items():
+        extra = permissions - needed
+        assert not extra, f"{scope}: granted but never used: {sorted(extra)}"
+        for group, resource, verb in permissions:
+            assert "*" not in (group, resource), (group, resource, verb)
+            assert resource not in FORBIDDEN_RESOURCES, resource
+            assert verb not in FORBIDDEN_VERBS, verb
+        if scope != "*":
+            # A namespace's Role never carries cluster-scoped kinds (it could not grant them).
+            assert not {(g, r.split("/")[0]) for g, r, _ in permissions} & CLUSTER_SCOPED
+
+
+def test_watched_namespaces_get_nothing_cluster_wide_but_cluster_scoped_kinds() -> None:
+    granted = grants(render(MODES["watched-namespaces"]))
+    assert set(granted) == {"*", "team-a", "team-b"}
+    assert {(g, r) for g, r, _ in granted["*"]} <= CLUSTER_SCOPED
+    assert granted["team-a"] == granted["team-b"]
+
+
+def test_operator_holds_every_permission_of_the_trainer_roles_it_creates() -> None:
+    """RBAC escalation prevention: creating a Role requires holding what it grants (or escalate)."""
+    from rtj_operator import api
+    from rtj_operator import render as renderer
+
+    job = api.ResilientTrainingJob.model_validate(
+        {
+            "apiVersion": "resilient.training/v1alpha1",
+            "kind": "ResilientTrainingJob",
+            "metadata": {"name": "demo", "namespace": "team-a", "uid": "0000-1111"},
+            "spec": {
+                "image": "trainer:1",
+                "nodes": 2,
+                "instanceType": "cpu",
+                "checkpoint": {"storage": {"existingClaim": {"claimName": "ckpt"}}},
+            },
+        }
+    )
+    trainer_roles = [obj for obj in renderer.render(job) if obj["kind"] == "Role"]
+    assert trainer_roles
+    for values in MODES.values():
+        granted = grants(render(values))
+        held = granted.get("team-a", set()) | granted.get("*", set())
+        for role in trainer_roles:
+            for rule in role["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        for verb in rule["verbs"]:
+                            assert (group, resource, verb) in held, (group, resource, verb)
