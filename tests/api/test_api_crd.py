@@ -1,0 +1,165 @@
+"""The generated CRD: equal to crds/, structural, valid for Kubernetes 1.32, with the promised rules."""
+
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import pytest
+import yaml
+from crd_tools import CRD_FILE, crd_from_file, openapi_schema
+from rtj_operator import api, constants, crd_cli
+from rtj_operator.validation import structural_problems
+
+PRESERVE_UNKNOWN_ALLOWED = ("spec.volumes[*]", "spec.volumeMounts[*]", "spec.env[*].valueFrom")
+
+
+def test_crds_file_equals_the_generated_crd_byte_for_byte() -> None:
+    assert CRD_FILE.read_text(encoding="utf-8") == api.crd_yaml(), "run `make crds` to regenerate crds/"
+
+
+def test_rtj_crd_prints_the_crds_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert crd_cli.main([]) == 0
+    assert capsys.readouterr().out == CRD_FILE.read_text(encoding="utf-8")
+
+
+def test_the_crd_schema_is_structural() -> None:
+    assert structural_problems(openapi_schema(), preserve_unknown_allowed=PRESERVE_UNKNOWN_ALLOWED) == []
+
+
+@pytest.mark.parametrize(
+    ("mutation", "expected"),
+    [
+        (
+            lambda s: s["properties"]["spec"]["properties"]["nodes"].pop("type"),
+            "spec.nodes: missing or unknown type",
+        ),
+        (
+            lambda s: s["properties"]["spec"]["properties"].__setitem__(
+                "x", {"$ref": "#/a", "description": "x"}
+            ),
+            "spec.x: $ref is not allowed",
+        ),
+        (
+            lambda s: s["properties"]["spec"]["properties"]["image"].__setitem__(
+                "anyOf", [{"type": "string"}, {"nullable": True}]
+            ),
+            "spec.image: anyOf is not allowed",
+        ),
+        (
+            lambda s: s["properties"]["spec"]["properties"]["checkpoint"].__setitem__(
+                "x-kubernetes-preserve-unknown-fields", True
+            ),
+            "spec.checkpoint: x-kubernetes-preserve-unknown-fields is not allowed here",
+        ),
+        (
+            lambda s: s["properties"]["spec"]["properties"]["image"].pop("description"),
+            "spec.image: no description",
+        ),
+        (
+            lambda s: s["properties"]["spec"]["properties"]["args"].pop("maxItems"),
+            "spec.args: a list needs maxItems",
+        ),
+        (
+            lambda s: s["properties"]["spec"]["properties"]["image"].pop("maxLength"),
+            "spec.image: a string needs maxLength",
+        ),
+        (
+            lambda s: s["properties"]["metadata"]["properties"].__setitem__("labels", {"type": "object"}),
+            "metadata: only metadata.name",
+        ),
+    ],
+)
+def test_the_structural_checker_catches_each_violation(mutation, expected: str) -> None:
+    schema = copy.deepcopy(openapi_schema())
+    mutation(schema)
+    problems = structural_problems(schema, preserve_unknown_allowed=PRESERVE_UNKNOWN_ALLOWED)
+    assert any(problem.startswith(expected) for problem in problems), problems
+
+
+def test_the_crd_is_a_valid_kubernetes_1_32_object() -> None:
+    kubernetes_validate.validate(crd_from_file(), "1.32", strict=True)
+
+
+def test_names_subresources_and_printer_columns() -> None:
+    crd = crd_from_file()
+    names = crd["spec"]["names"]
+    assert crd["metadata"]["name"] == "resilienttrainingjobs.resilient.training"
+    assert (names["kind"], names["plural"], names["shortNames"], names["categories"]) == (
+        "ResilientTrainingJob",
+        "resilienttrainingjobs",
+        ["rtj"],
+        ["resilient-training"],
+    )
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == constants.VERSION and version["subresources"] == {"status": {}}
+    columns = {c["name"]: (c["type"], c["jsonPath"]) for c in version["additionalPrinterColumns"]}
+    assert columns == {
+        "State": ("string", ".status.state"),
+        "Nodes": ("string", ".status.workers.readyText"),
+        "Restarts": ("integer", ".status.restarts.total"),
+        "Step": ("integer", ".status.progress.step"),
+        "Checkpoint": ("integer", ".status.lastCheckpoint.step"),
+        "Checkpointed": ("date", ".status.lastCheckpoint.time"),
+        "Goodput": ("number", ".status.progress.goodputPercent"),
+        "Age": ("date", ".metadata.creationTimestamp"),
+    }
+    # Every printer column's path exists in the schema (a typo would print <none> forever).
+    schema = openapi_schema()
+    for _, path in columns.values():
+        if path.startswith(".metadata"):
+            continue
+        node = schema
+        for part in path.strip(".").split("."):
+            node = node["properties"][part]
+
+
+def _rules(node: dict) -> list[str]:
+    return [rule["rule"] for rule in node.get("x-kubernetes-validations", [])]
+
+
+def test_immutable_fields_carry_transition_rules() -> None:
+    spec = openapi_schema()["properties"]["spec"]
+    props = spec["properties"]
+    for field in ("nodes", "instanceType", "rendezvous"):
+        assert "self == oldSelf" in _rules(props[field]), field
+    checkpoint = props["checkpoint"]["properties"]
+    assert "self == oldSelf" in _rules(checkpoint["storage"])
+    assert "self == oldSelf" in _rules(checkpoint["mountPath"])
+    assert any("oldSelf.processesPerNode" in rule for rule in _rules(spec))
+    for key, node in (("nodes", props["nodes"]), ("storage", checkpoint["storage"])):
+        assert {"rule": "self == oldSelf", "message": f"{key} is immutable"} in node[
+            "x-kubernetes-validations"
+        ]
+
+
+def test_every_optional_spec_field_with_a_python_default_has_a_crd_default() -> None:
+    def visit(model: type, node: dict, path: str) -> None:
+        for attr, info in model.model_fields.items():
+            key = info.alias or attr
+            sub = node["properties"][key]
+            if not info.is_required() and info.get_default(call_default_factory=True) is not None:
+                assert "default" in sub, f"{path}{key}"
+            nested = api._model_type(info.annotation)
+            if nested is not None:
+                visit(nested, sub, f"{path}{key}.")
+
+    visit(api.ResilientTrainingJobSpec, openapi_schema()["properties"]["spec"], "spec.")
+
+
+def test_enums_are_camel_case_strings() -> None:
+    def visit(node: dict) -> None:
+        if "enum" in node:
+            assert node["type"] == "string"
+            assert all(v[0].isupper() and "_" not in v for v in node["enum"] if "/" not in v), node["enum"]
+        for sub in node.get("properties", {}).values():
+            visit(sub)
+        if isinstance(node.get("items"), dict):
+            visit(node["items"])
+
+    visit(openapi_schema()["properties"]["spec"])
+    visit(openapi_schema()["properties"]["status"])
+
+
+def test_crd_yaml_round_trips_to_the_generated_dict() -> None:
+    assert yaml.safe_load(api.crd_yaml()) == api.crd()
