@@ -31,6 +31,9 @@ ROLE_SPARE: Final = "spare"
 # Annotations.
 ANNOTATION_PROGRESS: Final = f"{GROUP}/progress"  # JSON written by the trainer on its own pod
 ANNOTATION_REPLACES: Final = f"{GROUP}/replaces"  # on a replacement pod: the node it replaced
+# On every worker pod the operator creates after a fault: status.restarts.podReplacement at the decision;
+# the operator spaces replacements (failurePolicy.backoffSeconds) by the newest such pod's creation time.
+ANNOTATION_RESTART_COUNT: Final = f"{GROUP}/restart-count"
 FINALIZER: Final = f"{GROUP}/finalizer"
 
 # Taint the operator puts on a node it excluded, when the job opts into cluster-wide tainting.

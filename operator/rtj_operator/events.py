@@ -1,0 +1,67 @@
+"""Event reasons and condition vocabulary of the operator, defined once.
+
+`reconcile` decides which Events to emit and which conditions to set; `handlers` posts them; the
+docs (docs/operations.md) and the tests refer to these names. Reasons are unique, specific CamelCase
+words, following the Kubernetes API conventions.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Event types (core/v1 Event.type).
+NORMAL: Final = "Normal"
+WARNING: Final = "Warning"
+
+# Event reasons.
+CHILDREN_CREATED: Final = "ChildrenCreated"  # the job's Service, storage, RBAC and workers were created
+NODE_LOST: Final = "NodeLost"  # a node running a worker became NotReady/unreachable, tainted or deleted
+WORKER_DISRUPTED: Final = "WorkerDisrupted"  # a worker pod was evicted, preempted or deleted by others
+WORKER_FAILED: Final = "WorkerFailed"  # a worker pod exited non-zero on a healthy node
+WORKER_REPLACED: Final = "WorkerReplaced"  # a replacement worker pod was created
+SPARE_USED: Final = "SpareUsed"  # a hot spare was given up so that a replacement can use its node
+GANG_RESTART: Final = "GangRestart"  # every worker pod is recreated (rendezvous host lost or job failed)
+NODE_EXCLUDED: Final = "NodeExcluded"  # a node will not be used by this job again
+NODE_TAINTED: Final = "NodeTainted"  # an excluded node was tainted cluster-wide (opt-in)
+STRANDED_POD_DELETED: Final = "StrandedPodDeleted"  # a pod on a dead node was force-deleted
+RESTART_BUDGET_EXHAUSTED: Final = "RestartBudgetExhausted"  # maxNodeReplacements reached: job Failed
+JOB_SUCCEEDED: Final = "JobSucceeded"  # every worker pod succeeded
+JOB_RECOVERED: Final = "JobRecovered"  # every worker is ready again after a recovery
+INVALID_SPEC: Final = "InvalidSpec"  # the job's spec does not validate; nothing is done for it
+SUSPENDED: Final = "Suspended"  # spec.suspend became true: workers and spares deleted
+RESUMED: Final = "Resumed"  # spec.suspend became false: workers recreated
+TTL_EXPIRED: Final = "TTLExpired"  # ttlSecondsAfterFinished passed: the job is deleted
+STORAGE_DELETED: Final = "StorageDeleted"  # retentionPolicy Delete: the checkpoint volume was deleted
+
+# Condition types (status.conditions[].type).
+COND_READY: Final = "Ready"
+COND_RECOVERING: Final = "Recovering"
+COND_SUSPENDED: Final = "Suspended"
+COND_SUCCEEDED: Final = "Succeeded"
+COND_FAILED: Final = "Failed"
+CONDITION_TYPES: Final = (COND_READY, COND_RECOVERING, COND_SUSPENDED, COND_SUCCEEDED, COND_FAILED)
+
+# Condition reasons that are not also event reasons.
+REASON_ALL_WORKERS_READY: Final = "AllWorkersReady"
+REASON_WORKERS_NOT_READY: Final = "WorkersNotReady"
+REASON_RECOVERING: Final = "Recovering"
+REASON_NO_FAULT: Final = "NoFault"
+REASON_NOT_SUSPENDED: Final = "NotSuspended"
+REASON_RUNNING: Final = "Running"
+REASON_FINISHED: Final = "Finished"
+
+# status.state values, derived from the conditions.
+STATE_PENDING: Final = "Pending"
+STATE_RUNNING: Final = "Running"
+STATE_RECOVERING: Final = "Recovering"
+STATE_SUSPENDED: Final = "Suspended"
+STATE_SUCCEEDED: Final = "Succeeded"
+STATE_FAILED: Final = "Failed"
+STATES: Final = (
+    STATE_PENDING,
+    STATE_RUNNING,
+    STATE_RECOVERING,
+    STATE_SUSPENDED,
+    STATE_SUCCEEDED,
+    STATE_FAILED,
+)

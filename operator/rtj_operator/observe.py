@@ -1,0 +1,372 @@
+"""Turn Kubernetes API objects (plain dicts) into the observations `reconcile` decides on.
+
+`handlers` gathers a job's body, its pods and the nodes (from kopf's indexes or fresh reads) and calls
+`observe_job`, `observe_pod`, `observe_node` here; `reconcile` only ever sees these frozen
+dataclasses, never API objects. Also decides what is wrong with a worker's node (`node_problem`):
+NotReady/Unknown beyond the grace period, a NoExecute taint the pod does not tolerate, or deleted.
+
+Pure: no I/O, time passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from rtj_operator import api, constants, render
+from rtj_operator.progress import ProgressReport, RestartOffset, parse_report, parse_time
+
+# The taints the node lifecycle controller puts on NotReady / Unknown nodes: they mirror the Ready
+# condition, so they are judged with the same grace period rather than at once.
+TAINT_NOT_READY = "node.kubernetes.io/not-ready"
+TAINT_UNREACHABLE = "node.kubernetes.io/unreachable"
+NODE_HEALTH_TAINTS = frozenset({TAINT_NOT_READY, TAINT_UNREACHABLE})
+
+# DisruptionTarget reasons that say the node, not the scheduler or a user, caused the disruption.
+NODE_DISRUPTION_REASONS = frozenset({"DeletionByTaintManager", "TerminationByKubelet"})
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+    time_added: datetime | None
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str
+    operator: str
+    value: str
+    effect: str
+    seconds: int | None
+
+    def matches(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    ready: str  # "True", "False" or "Unknown" (a node without a Ready condition reads "Unknown")
+    ready_since: datetime | None  # the Ready condition's lastTransitionTime
+    taints: tuple[Taint, ...]
+
+
+@dataclass(frozen=True)
+class PodState:
+    name: str
+    uid: str
+    role: str  # constants.ROLE_WORKER or ROLE_SPARE
+    index: int
+    node_name: str
+    phase: str
+    ready: bool
+    deleting: bool
+    deletion_grace_seconds: int | None
+    disruption: str | None  # the DisruptionTarget condition's reason, if the condition is True
+    status_reason: str  # status.reason, e.g. "Evicted"
+    message: str
+    created: datetime | None
+    restart_count_annotation: int | None  # the podReplacement count the pod was created under
+    tolerations: tuple[Toleration, ...]
+    report: ProgressReport | None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the operator sees of one job's world at one moment."""
+
+    pods: tuple[PodState, ...]
+    nodes: Mapping[str, NodeState]
+    # Whether the base children (Service, storage, RBAC) must be (re)asserted on this pass even if no
+    # worker is being created: set on job create/update/resume, not on every pod or node event.
+    ensure_base: bool = False
+    # In-memory offsets of the trainer's restart counters, keyed by pod uid (see progress.fold_progress).
+    offsets: Mapping[str, RestartOffset] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeProblem:
+    """Why a node is unfit for a worker; `permanent` when the node is gone for good."""
+
+    reason: str  # NodeDeleted, NodeNotReady, NodeUnreachable, NodeTainted
+    message: str
+    permanent: bool = False
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def observe_node(body: Mapping[str, Any]) -> NodeState:
+    metadata, spec, status = (
+        _mapping(body.get("metadata")),
+        _mapping(body.get("spec")),
+        _mapping(body.get("status")),
+    )
+    ready, since = "Unknown", None
+    for condition in map(_mapping, _list(status.get("conditions"))):
+        if condition.get("type") == "Ready":
+            ready = _str(condition.get("status")) or "Unknown"
+            since = parse_time(condition.get("lastTransitionTime"))
+    taints = tuple(
+        Taint(
+            key=_str(t.get("key")),
+            value=_str(t.get("value")),
+            effect=_str(t.get("effect")),
+            time_added=parse_time(t.get("timeAdded")),
+        )
+        for t in map(_mapping, _list(spec.get("taints")))
+    )
+    return NodeState(name=_str(metadata.get("name")), ready=ready, ready_since=since, taints=taints)
+
+
+def observe_pod(body: Mapping[str, Any]) -> PodState | None:
+    """A pod of a job (worker or spare), or None for a pod that is not one of the job's workers/spares."""
+    metadata, spec, status = (
+        _mapping(body.get("metadata")),
+        _mapping(body.get("spec")),
+        _mapping(body.get("status")),
+    )
+    labels, annotations = _mapping(metadata.get("labels")), _mapping(metadata.get("annotations"))
+    role = _str(labels.get(constants.LABEL_ROLE))
+    name = _str(metadata.get("name"))
+    if role == constants.ROLE_WORKER:
+        index_text = _str(labels.get(constants.LABEL_WORKER_INDEX))
+    elif role == constants.ROLE_SPARE:
+        index_text = name.rpartition("-")[2]
+    else:
+        return None
+    if not index_text.isdigit():
+        return None
+    ready, disruption = False, None
+    for condition in map(_mapping, _list(status.get("conditions"))):
+        if condition.get("type") == "Ready" and condition.get("status") == "True":
+            ready = True
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            disruption = _str(condition.get("reason")) or "Disrupted"
+    message = _str(status.get("message"))
+    for container in map(_mapping, _list(status.get("containerStatuses"))):
+        terminated = _mapping(_mapping(container.get("state")).get("terminated"))
+        if terminated and terminated.get("exitCode") not in (None, 0) and not message:
+            message = f"container {_str(container.get('name'))} exited with code {terminated.get('exitCode')}"
+            reason = _str(terminated.get("reason"))
+            if reason:
+                message += f" ({reason})"
+    tolerations = tuple(
+        Toleration(
+            key=_str(t.get("key")),
+            operator=_str(t.get("operator")) or "Equal",
+            value=_str(t.get("value")),
+            effect=_str(t.get("effect")),
+            seconds=t.get("tolerationSeconds") if isinstance(t.get("tolerationSeconds"), int) else None,
+        )
+        for t in map(_mapping, _list(spec.get("tolerations")))
+    )
+    restart_count = _str(annotations.get(constants.ANNOTATION_RESTART_COUNT))
+    grace = metadata.get("deletionGracePeriodSeconds")
+    return PodState(
+        name=name,
+        uid=_str(metadata.get("uid")),
+        role=role,
+        index=int(index_text),
+        node_name=_str(spec.get("nodeName")),
+        phase=_str(status.get("phase")) or "Pending",
+        ready=ready,
+        deleting=bool(metadata.get("deletionTimestamp")),
+        deletion_grace_seconds=grace if isinstance(grace, int) else None,
+        disruption=disruption,
+        status_reason=_str(status.get("reason")),
+        message=message,
+        created=parse_time(metadata.get("creationTimestamp")),
+        restart_count_annotation=int(restart_count) if restart_count.isdigit() else None,
+        tolerations=tolerations,
+        report=parse_report(_str(annotations.get(constants.ANNOTATION_PROGRESS)) or None),
+    )
+
+
+def observe(
+    pods: Iterable[Mapping[str, Any]],
+    nodes: Iterable[Mapping[str, Any]],
+    *,
+    ensure_base: bool = False,
+    offsets: Mapping[str, RestartOffset] | None = None,
+) -> Observed:
+    pod_states = tuple(p for p in (observe_pod(body) for body in pods) if p is not None)
+    node_states = {n.name: n for n in (observe_node(body) for body in nodes) if n.name}
+    return Observed(pods=pod_states, nodes=node_states, ensure_base=ensure_base, offsets=dict(offsets or {}))
+
+
+def node_problem(
+    node_name: str,
+    nodes: Mapping[str, NodeState],
+    tolerations: tuple[Toleration, ...],
+    now: datetime,
+    grace_seconds: int,
+) -> tuple[NodeProblem | None, datetime | None]:
+    """What is wrong with the node a pod is bound to, and when to look again if nothing is wrong yet.
+
+    Returns (problem, None) for a node that is unfit now, (None, when) for a node that will become
+    unfit at `when` unless it recovers (NotReady within the grace period), (None, None) for a healthy
+    node. An unbound pod (`node_name` empty) has no node problem.
+    """
+    if not node_name:
+        return None, None
+    node = nodes.get(node_name)
+    if node is None:
+        return NodeProblem("NodeDeleted", f"node {node_name} was deleted", permanent=True), None
+    grace = timedelta(seconds=grace_seconds)
+    recheck: datetime | None = None
+
+    if node.ready != "True":
+        since = node.ready_since or now
+        if now - since >= grace:
+            reason = "NodeUnreachable" if node.ready == "Unknown" else "NodeNotReady"
+            return NodeProblem(
+                reason, f"node {node_name} has been Ready={node.ready} since {since.isoformat()}"
+            ), None
+        recheck = since + grace
+
+    for taint in node.taints:
+        if taint.effect != "NoExecute":
+            continue
+        if taint.key in NODE_HEALTH_TAINTS:
+            since = taint.time_added or node.ready_since or now
+            if now - since >= grace:
+                reason = "NodeUnreachable" if taint.key == TAINT_UNREACHABLE else "NodeNotReady"
+                return NodeProblem(reason, f"node {node_name} has the taint {taint.key}:NoExecute"), None
+            recheck = min(recheck, since + grace) if recheck else since + grace
+            continue
+        tolerating = [t for t in tolerations if t.matches(taint)]
+        if not tolerating:
+            return NodeProblem("NodeTainted", f"node {node_name} has the taint {taint.key}:NoExecute"), None
+        bounded = [t.seconds for t in tolerating if t.seconds is not None]
+        if bounded and len(bounded) == len(tolerating):
+            until = (taint.time_added or now) + timedelta(seconds=max(bounded))
+            if now >= until:
+                return NodeProblem(
+                    "NodeTainted", f"node {node_name} has had the taint {taint.key}:NoExecute too long"
+                ), None
+            recheck = min(recheck, until) if recheck else until
+    return None, recheck
+
+
+# --- the job ----------------------------------------------------------------------------------------------
+
+
+class Renderer(Protocol):
+    """The children of one job, rendered (pure) from its spec; see `rtj_operator.render`."""
+
+    def base(self, excluded_nodes: Sequence[str]) -> list[dict[str, Any]]:
+        """Service, storage (PVC and PV), ServiceAccount, Role, RoleBinding."""
+        ...
+
+    def worker(self, index: int, excluded_nodes: Sequence[str], node_name: str | None) -> dict[str, Any]: ...
+
+    def spare(self, index: int, excluded_nodes: Sequence[str]) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    node_loss_grace_seconds: int = 10
+    max_node_replacements: int = 10
+    backoff_seconds: int = 5
+    repeat_offender_threshold: int = 2
+    taint_excluded_nodes: bool = False
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What reconcile needs of a valid job: identity, the spec fields it acts on, status, a renderer."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    nodes: int
+    hot_spares: int
+    suspend: bool
+    ttl_seconds_after_finished: int | None
+    retention_delete: bool
+    policy: FailurePolicy
+    status: Mapping[str, Any]
+    renderer: Renderer
+
+    def worker_name(self, index: int) -> str:
+        return f"{self.name}-worker-{index}"
+
+    def spare_name(self, index: int) -> str:
+        return f"{self.name}-spare-{index}"
+
+
+class _ModelRenderer:
+    """`reconcile.Renderer` over `rtj_operator.render` for one parsed job."""
+
+    def __init__(self, model: api.ResilientTrainingJob, uid: str) -> None:
+        self.model, self.uid = model, uid
+
+    def base(self, excluded_nodes: Sequence[str]) -> list[dict[str, Any]]:
+        return [
+            *render.render_rbac(self.model, uid=self.uid),
+            *render.render_storage(self.model, uid=self.uid),
+            render.render_service(self.model, uid=self.uid),
+        ]
+
+    def worker(self, index: int, excluded_nodes: Sequence[str], node_name: str | None) -> dict[str, Any]:
+        return render.render_worker_pod(
+            self.model, index, uid=self.uid, excluded_nodes=excluded_nodes, node_name=node_name
+        )
+
+    def spare(self, index: int, excluded_nodes: Sequence[str]) -> dict[str, Any]:
+        return render.render_spare_pod(self.model, index, uid=self.uid, excluded_nodes=excluded_nodes)
+
+
+def observe_job(body: Mapping[str, Any]) -> JobView:
+    """The job as reconcile sees it; raises `JobValidationError` naming the fields that are invalid.
+
+    The status is left out of validation: it is the operator's own record and an odd value in it
+    must not make the job unmanageable.
+    """
+    metadata = _mapping(body.get("metadata"))
+    model = api.parse_job({k: v for k, v in body.items() if k != "status"})
+    spec = model.spec
+    policy = spec.failure_policy
+    uid = _str(metadata.get("uid"))
+    generation = metadata.get("generation")
+    return JobView(
+        name=model.name,
+        namespace=model.namespace,
+        uid=uid,
+        generation=generation if isinstance(generation, int) else 0,
+        nodes=spec.nodes,
+        hot_spares=spec.hot_spares,
+        suspend=bool(spec.suspend),
+        ttl_seconds_after_finished=spec.ttl_seconds_after_finished,
+        retention_delete=spec.checkpoint.retention_policy == api.RetentionPolicy.DELETE
+        and spec.checkpoint.storage.existing_claim is None,
+        policy=FailurePolicy(
+            node_loss_grace_seconds=policy.node_loss_grace_seconds,
+            max_node_replacements=policy.max_node_replacements,
+            backoff_seconds=policy.backoff_seconds,
+            repeat_offender_threshold=policy.repeat_offender_threshold,
+            taint_excluded_nodes=bool(policy.taint_excluded_nodes),
+        ),
+        status=dict(_mapping(body.get("status"))),
+        renderer=_ModelRenderer(model, uid),
+    )

@@ -1,0 +1,208 @@
+"""Fold the trainer's progress reports into the job's status; the goodput arithmetic.
+
+The trainer's local rank 0 on each worker pod writes the JSON annotation `resilient.training/progress`
+on its own pod (the progress contract in docs/architecture.md). `observe` parses each pod's annotation
+with `parse_report`; `reconcile` calls `fold_progress` to turn the reports of the current pods into
+`status.progress`, `status.lastCheckpoint` and the in-process / in-job restart counters.
+
+Everything here is pure: same inputs, same outputs; time is passed in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+PROGRESS_VERSION = 1
+
+
+def parse_time(text: object) -> datetime | None:
+    """An RFC 3339 timestamp as an aware datetime, or None when absent or malformed."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with second precision, as Kubernetes writes timestamps."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """One pod's progress annotation, validated field by field (a bad field reads as absent)."""
+
+    time: datetime | None
+    node_rank: int | None
+    step: int
+    checkpoint_step: int | None
+    checkpoint_time: str | None
+    in_process_restarts: int
+    in_job_restarts: int
+    step_time_seconds: float | None
+    useful_step_seconds: float | None
+    train_start_time: datetime | None
+    finished: bool
+
+
+def _int(value: object, default: int = 0) -> int:
+    # bool is an int subclass; a report saying `"step": true` is malformed, not step 1.
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return default
+
+
+def _float(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+def parse_report(text: str | None) -> ProgressReport | None:
+    """Parse a progress annotation; None when there is none or it is not a JSON object of version 1.
+
+    The annotation is written by a program in the user's image, so nothing in it is trusted: a
+    malformed report must never stop the job's reconciliation.
+    """
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict) or raw.get("v", PROGRESS_VERSION) != PROGRESS_VERSION:
+        return None
+    checkpoint = raw.get("lastCheckpoint")
+    checkpoint = checkpoint if isinstance(checkpoint, dict) else {}
+    restarts = raw.get("restarts")
+    restarts = restarts if isinstance(restarts, dict) else {}
+    checkpoint_step = checkpoint.get("step")
+    checkpoint_time = parse_time(checkpoint.get("time"))
+    node_rank = raw.get("nodeRank")
+    return ProgressReport(
+        time=parse_time(raw.get("time")),
+        node_rank=_int(node_rank) if isinstance(node_rank, int) and not isinstance(node_rank, bool) else None,
+        step=_int(raw.get("step")),
+        checkpoint_step=_int(checkpoint_step) if _int(checkpoint_step, -1) >= 0 else None,
+        checkpoint_time=format_time(checkpoint_time) if checkpoint_time else None,
+        in_process_restarts=_int(restarts.get("inProcess")),
+        in_job_restarts=_int(restarts.get("inJob")),
+        step_time_seconds=_float(raw.get("stepTimeSeconds")),
+        useful_step_seconds=_float(raw.get("usefulStepSeconds")),
+        train_start_time=parse_time(raw.get("trainStartTime")),
+        finished=raw.get("finished") is True,
+    )
+
+
+def goodput_percent(
+    useful_step_seconds: float | None, train_start: datetime | None, at: datetime | None
+) -> float | None:
+    """Training goodput: useful step time over wall time since training started, in percent.
+
+    The same definition as the AWS NVRx sample (training_goodput = useful step time / wall time).
+    `at` is the report's own time rather than the operator's clock, so that an idle job's status does
+    not change (and is not rewritten) every time the operator looks at it. Rounded to 0.1, clamped to
+    [0, 100]; None when it cannot be computed.
+    """
+    if useful_step_seconds is None or train_start is None or at is None:
+        return None
+    wall = (at - train_start).total_seconds()
+    if wall <= 0:
+        return None
+    return round(max(0.0, min(100.0, 100.0 * useful_step_seconds / wall)), 1)
+
+
+@dataclass(frozen=True)
+class RestartOffset:
+    """What the job had counted before a pod's own counters started (pods count from 0 when created)."""
+
+    in_process: int
+    in_job: int
+
+
+@dataclass(frozen=True)
+class FoldedProgress:
+    """The status fields computed from the reports, and the offsets to remember for the next fold."""
+
+    progress: dict[str, Any] | None
+    last_checkpoint: dict[str, Any] | None
+    in_process_restarts: int
+    in_job_restarts: int
+    offsets: dict[str, RestartOffset]
+
+
+def fold_progress(
+    status: Mapping[str, Any],
+    reports: Sequence[tuple[str, ProgressReport]],
+    offsets: Mapping[str, RestartOffset],
+) -> FoldedProgress:
+    """Fold the current pods' reports (keyed by pod uid) into the status fields they feed.
+
+    - step: the highest step any pod reports; step time and goodput come from that pod's report
+      (the most advanced view of the job), never going backwards in `updateTime` terms.
+    - lastCheckpoint: the newest (highest step) committed checkpoint in any report or in status.
+    - restarts: in-process and in-job restarts are job-wide events (every rank restarts), so the job's
+      count is the maximum over pods, not the sum. A replaced pod counts from 0 again, so each pod is
+      given an offset, the job's count when the pod was first seen; the job's count is then
+      max(previous count, max over pods of offset + the pod's count): never decreasing, and counting
+      restarts that happened after a replacement. A pod first seen by a freshly started operator
+      (offsets are memory, the counts are status) gets the offset that makes it add nothing yet.
+    """
+    old_restarts = status.get("restarts") or {}
+    in_process_total = _int(old_restarts.get("inProcess"))
+    in_job_total = _int(old_restarts.get("inJob"))
+    new_offsets: dict[str, RestartOffset] = {}
+    best_in_process, best_in_job = in_process_total, in_job_total
+    for uid, report in reports:
+        offset = offsets.get(uid) or RestartOffset(
+            in_process=max(0, in_process_total - report.in_process_restarts),
+            in_job=max(0, in_job_total - report.in_job_restarts),
+        )
+        new_offsets[uid] = offset
+        best_in_process = max(best_in_process, offset.in_process + report.in_process_restarts)
+        best_in_job = max(best_in_job, offset.in_job + report.in_job_restarts)
+
+    old_progress = status.get("progress")
+    progress: dict[str, Any] | None = dict(old_progress) if isinstance(old_progress, dict) else None
+    if reports:
+        # The most advanced pod; ties go to the newest report so the step time is fresh.
+        _, lead = max(
+            reports,
+            key=lambda item: (item[1].step, item[1].time or datetime.min.replace(tzinfo=UTC)),
+        )
+        old_step = _int((progress or {}).get("step"), -1)
+        if lead.step >= old_step:
+            progress = {"step": lead.step}
+            if lead.step_time_seconds is not None:
+                progress["stepTimeSeconds"] = round(lead.step_time_seconds, 4)
+            goodput = goodput_percent(lead.useful_step_seconds, lead.train_start_time, lead.time)
+            if goodput is not None:
+                progress["goodputPercent"] = goodput
+            if lead.time is not None:
+                progress["updateTime"] = format_time(lead.time)
+
+    old_checkpoint = status.get("lastCheckpoint")
+    checkpoint: dict[str, Any] | None = dict(old_checkpoint) if isinstance(old_checkpoint, dict) else None
+    for _, report in reports:
+        if report.checkpoint_step is None:
+            continue
+        if checkpoint is None or report.checkpoint_step > _int(checkpoint.get("step"), -1):
+            checkpoint = {"step": report.checkpoint_step}
+            if report.checkpoint_time:
+                checkpoint["time"] = report.checkpoint_time
+
+    return FoldedProgress(
+        progress=progress,
+        last_checkpoint=checkpoint,
+        in_process_restarts=best_in_process,
+        in_job_restarts=best_in_job,
+        offsets=new_offsets,
+    )

@@ -1,0 +1,235 @@
+"""A small in-memory model of the API objects one job's reconcile touches, for the pure tests.
+
+It stores pod, node and job bodies as the API server would return them, applies `reconcile`'s actions
+to them (creates, deletes, taints), and plays the parts of the scheduler and the kubelet in single
+explicit steps, so that a test can stop anywhere between two actions (a crashed operator) and check
+what a fresh `reconcile` makes of the result. The objects are plain dicts shaped like the real ones;
+the code under test (`observe`, `reconcile`, `render`) is the real code.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from rtj_operator import constants, observe, reconcile
+from rtj_operator.progress import RestartOffset, format_time
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def job_body(name: str = "train", *, nodes: int = 2, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "generation": 1},
+        "spec": {
+            "image": "trainer:1",
+            "nodes": nodes,
+            "instanceType": "cpu",
+            "checkpoint": {"storage": {"dynamic": {"storageClassName": "standard"}}},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def node_body(name: str, *, ready: str = "True", since: datetime = T0) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, constants.LABEL_INSTANCE_TYPE: "cpu"},
+        },
+        "spec": {},
+        "status": {
+            "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": format_time(since)}]
+        },
+    }
+
+
+def _affinity_nodes(pod: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """(nodes the pod must be on, nodes it must not be on) from its required node affinity."""
+    must, must_not = set(), set()
+    terms = (
+        pod["spec"]
+        .get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+    )
+    for term in terms.get("nodeSelectorTerms", []):
+        for expr in term.get("matchExpressions", []):
+            if expr["key"] == "kubernetes.io/hostname":
+                (must if expr["operator"] == "In" else must_not).update(expr["values"])
+    return must, must_not
+
+
+@dataclass
+class World:
+    job: dict[str, Any]
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    others: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    now: datetime = T0
+    offsets: dict[str, RestartOffset] = field(default_factory=dict)
+    events: list[reconcile.Event] = field(default_factory=list)
+    actions_applied: list[reconcile.Action] = field(default_factory=list)
+    job_deleted: bool = False
+    uids: Any = field(default_factory=lambda: itertools.count(1))
+
+    @classmethod
+    def with_nodes(cls, job: dict[str, Any], count: int) -> World:
+        world = cls(job=job)
+        for i in range(count):
+            world.nodes[f"node-{i}"] = node_body(f"node-{i}")
+        return world
+
+    # -- time and node faults --
+
+    def tick(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    def node_not_ready(self, name: str, status: str = "Unknown") -> None:
+        self.nodes[name] = node_body(name, ready=status, since=self.now)
+
+    def node_ready(self, name: str) -> None:
+        self.nodes[name] = node_body(name, since=self.now)
+
+    def taint(self, name: str, key: str, effect: str = "NoExecute") -> None:
+        self.nodes[name]["spec"].setdefault("taints", []).append(
+            {"key": key, "effect": effect, "timeAdded": format_time(self.now)}
+        )
+
+    # -- reconcile --
+
+    def view(self) -> observe.JobView:
+        return observe.observe_job(self.job)
+
+    def observed(self, *, ensure_base: bool = False) -> observe.Observed:
+        return observe.observe(
+            self.pods.values(), self.nodes.values(), ensure_base=ensure_base, offsets=self.offsets
+        )
+
+    def plan(self, *, ensure_base: bool = False) -> reconcile.Plan:
+        return reconcile.reconcile(self.view(), self.observed(ensure_base=ensure_base), self.now)
+
+    def reconcile(
+        self, *, ensure_base: bool = False, stop_after: int | None = None, write_status: bool = True
+    ) -> reconcile.Plan:
+        """One operator pass: status first, then the actions (all of them, or the first `stop_after`)."""
+        plan = self.plan(ensure_base=ensure_base)
+        if not write_status:
+            return plan
+        if plan.status_changed:
+            self.job["status"] = copy.deepcopy(plan.status)
+        self.offsets = dict(plan.offsets)
+        self.events.extend(plan.events)
+        for n, action in enumerate(plan.actions):
+            if stop_after is not None and n >= stop_after:
+                break
+            self.apply(action)
+        return plan
+
+    def apply(self, action: reconcile.Action) -> None:
+        self.actions_applied.append(action)
+        if isinstance(action, reconcile.CreateObject):
+            manifest = copy.deepcopy(action.manifest)
+            meta = manifest["metadata"]
+            if manifest["kind"] == "Pod":
+                if meta["name"] in self.pods:
+                    return  # AlreadyExists: success
+                meta["uid"] = f"pod-uid-{next(self.uids)}"
+                meta["creationTimestamp"] = format_time(self.now)
+                manifest["status"] = {"phase": "Pending"}
+                self.pods[meta["name"]] = manifest
+            else:
+                self.others.setdefault((manifest["kind"], meta["name"]), manifest)
+        elif isinstance(action, reconcile.DeletePod):
+            pod = self.pods.get(action.name)
+            if pod is None or pod["metadata"]["uid"] != action.uid:
+                return
+            if action.grace_seconds == 0:
+                del self.pods[action.name]
+            else:
+                pod["metadata"]["deletionTimestamp"] = format_time(self.now)
+                pod["metadata"]["deletionGracePeriodSeconds"] = 30
+        elif isinstance(action, reconcile.DeleteObject):
+            self.others.pop((action.kind, action.name), None)
+        elif isinstance(action, reconcile.TaintNode):
+            taints = self.nodes[action.node]["spec"].setdefault("taints", [])
+            entry = {"key": action.key, "value": action.value, "effect": action.effect}
+            if action.remove:
+                taints[:] = [t for t in taints if t != entry]
+            elif entry not in taints:
+                taints.append(entry)
+        elif isinstance(action, reconcile.DeleteJob):
+            self.job_deleted = True
+
+    # -- the scheduler and the kubelets --
+
+    def healthy(self, node: str) -> bool:
+        body = self.nodes.get(node)
+        return body is not None and body["status"]["conditions"][0]["status"] == "True"
+
+    def schedule(self) -> None:
+        for pod in sorted(self.pods.values(), key=lambda p: p["metadata"]["name"]):
+            if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+                continue
+            must, must_not = _affinity_nodes(pod)
+            busy = {p["spec"].get("nodeName") for p in self.pods.values()}
+            for name in sorted(self.nodes):
+                if not self.healthy(name) or name in must_not or (must and name not in must) or name in busy:
+                    continue
+                tolerated = {t.get("key") for t in pod["spec"].get("tolerations", [])}
+                if any(t["key"] not in tolerated for t in self.nodes[name]["spec"].get("taints", [])):
+                    continue
+                pod["spec"]["nodeName"] = name
+                break
+
+    def kubelets(self) -> None:
+        """Healthy nodes start their pods and finish deleting theirs; dead nodes do nothing."""
+        for name, pod in list(self.pods.items()):
+            node = pod["spec"].get("nodeName")
+            if not node or not self.healthy(node):
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                del self.pods[name]
+            elif pod["status"]["phase"] == "Pending":
+                pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+
+    def settle(self, rounds: int = 10, *, step: float = 1.0) -> None:
+        """Run operator, scheduler and kubelets until nothing changes (or `rounds` passes)."""
+        for _ in range(rounds):
+            plan = self.reconcile()
+            before = copy.deepcopy(self.pods)
+            self.schedule()
+            self.kubelets()
+            self.tick(step)
+            if not plan.actions and not plan.status_changed and before == self.pods:
+                break
+
+    # -- queries --
+
+    def pod(self, role: str, index: int) -> dict[str, Any] | None:
+        name = f"{self.job['metadata']['name']}-{role}-{index}"
+        return self.pods.get(name)
+
+    def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.job.get("status", {})
+        return result
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        return next(c for c in self.status()["conditions"] if c["type"] == type_)
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.events]
+
+    def set_pod(self, role: str, index: int, change: Callable[[dict[str, Any]], None]) -> None:
+        pod = self.pod(role, index)
+        assert pod is not None
+        change(pod)
