@@ -7,11 +7,23 @@ check that `helm install` runs before anything reaches the cluster.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
-from chart_support import CHART, EXAMPLE_VALUES, NAMESPACE, load_values, objects_of, one, render, value_sets
+from chart_support import (
+    CHART,
+    CHART_CRDS,
+    EXAMPLE_VALUES,
+    NAMESPACE,
+    REPO_CRDS,
+    load_values,
+    objects_of,
+    one,
+    render,
+    value_sets,
+)
 
 STANDARD_LABELS = (
     "app.kubernetes.io/name",
@@ -208,3 +220,19 @@ def test_values_file_documents_every_key() -> None:
         if stripped:
             previous = stripped
     assert undocumented == []
+
+
+def test_chart_crds_are_identical_to_the_generated_ones() -> None:
+    """Helm installs the chart's crds/ copy: it must be byte-for-byte the generated crds/."""
+    repo_files = {path.name: path.read_bytes() for path in REPO_CRDS.glob("*.yaml")}
+    chart_files = {path.name: path.read_bytes() for path in CHART_CRDS.glob("*.yaml")}
+    assert repo_files, "crds/ is empty: run `make crds`"
+    assert chart_files.keys() == repo_files.keys(), "run scripts/sync-chart-crds.sh"
+    for name, content in repo_files.items():
+        assert chart_files[name] == content, f"{name} differs: run scripts/sync-chart-crds.sh"
+
+
+def test_chart_crd_is_installed_by_helm() -> None:
+    """Helm picks the CRD up from crds/ (loaded with the chart, outside the templates)."""
+    crds = helm.Chart.load(CHART).crds
+    assert [Path(crd["name"]).name for crd in crds] == sorted(path.name for path in CHART_CRDS.glob("*.yaml"))
