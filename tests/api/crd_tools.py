@@ -54,10 +54,14 @@ def schema_errors(obj: dict[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
+# One environment for every rule, made at import: creating one raises the interpreter's recursion limit,
+# which must not happen inside a hypothesis example (hypothesis warns about a changed limit).
+_CEL = celpy.Environment()
+
+
 @functools.cache
 def _cel_program(rule: str) -> Any:
-    env = celpy.Environment()
-    return env.program(env.compile(rule))
+    return _CEL.program(_CEL.compile(rule))
 
 
 def _evaluate(rule: str, self_value: Any, old_value: Any) -> bool:
