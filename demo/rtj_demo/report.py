@@ -48,10 +48,12 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class FaultRecord:
-    """A fault injected at `time`; `kind` is one of INTENDED_LAYER's keys."""
+    """A fault injected at `time`; `kind` is one of INTENDED_LAYER's keys. `step`, when known, is the
+    number of steps completed when it fired (a trainer fault fires at the start of the next step)."""
 
     time: float
     kind: str
+    step: int | None = None
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ Everything is converted to epoch seconds. Parsing is pure: callers read the file
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -89,7 +89,7 @@ class Timeline:
             "start_time": self.start_time,
             "end_time": self.end_time,
             "steps": [[s.time, s.step, s.seconds] for s in self.steps],
-            "faults": [{"time": f.time, "kind": f.kind} for f in self.faults],
+            "faults": [{"time": f.time, "kind": f.kind, "step": f.step} for f in self.faults],
             "recoveries": [{"time": r.time, "layer": r.layer} for r in self.recoveries],
             "checkpoints": [[c.time, c.step] for c in self.checkpoints],
         }
@@ -101,7 +101,10 @@ class Timeline:
                 StepRecord(time=r[0], step=r[1], seconds=r[2] if len(r) > 2 else None)
                 for r in data.get("steps", [])
             ],
-            faults=[FaultRecord(time=f["time"], kind=f["kind"]) for f in data.get("faults", [])],
+            faults=[
+                FaultRecord(time=f["time"], kind=f["kind"], step=f.get("step"))
+                for f in data.get("faults", [])
+            ],
             recoveries=[RecoveryRecord(time=r["time"], layer=r["layer"]) for r in data.get("recoveries", [])],
             checkpoints=[CheckpointRecord(time=t, step=s) for t, s in data.get("checkpoints", [])],
             start_time=data.get("start_time"),
@@ -189,7 +192,35 @@ def faults_from_markers(marker_dir: Path) -> list[FaultRecord]:
                 continue
             key = (kind, int(step) if isinstance(step, int) else -1)
             fired[key] = min(when, fired.get(key, when))
-    return sorted((FaultRecord(time=t, kind=k) for (k, _), t in fired.items()), key=lambda f: f.time)
+    return sorted(
+        (FaultRecord(time=t, kind=k, step=s if s >= 0 else None) for (k, s), t in fired.items()),
+        key=lambda f: f.time,
+    )
+
+
+def align_fault_times(
+    steps: Sequence[StepRecord], faults: Sequence[FaultRecord], *, lag_seconds: float = 2.0
+) -> list[FaultRecord]:
+    """Move each trainer fault past node 0's reports of steps completed before it fired.
+
+    A fault fires on one rank at the start of a step, when `fault.step` steps are done; global rank 0
+    may still be saving or reporting the last of them, so its record of a step finished *before* the
+    fault can carry a later timestamp. Without this, that record would pass for the first step after
+    the fault (a recovery of 0 s by no layer). Only records within `lag_seconds` are considered.
+    """
+    ordered = sorted(steps, key=lambda s: s.time)
+    aligned: list[FaultRecord] = []
+    for fault in faults:
+        when = fault.time
+        if fault.step is not None:
+            for record in ordered:
+                if record.time < fault.time:
+                    continue
+                if record.time > fault.time + lag_seconds or record.step > fault.step:
+                    break
+                when = record.time
+        aligned.append(replace(fault, time=when))
+    return aligned
 
 
 def recoveries_from_events(events: Iterable[Mapping[str, Any]]) -> list[RecoveryRecord]:

@@ -11,9 +11,20 @@ import pytest
 from rtj_demo import processes
 from rtj_demo.live import LiveLine, Snapshot, format_line
 from rtj_demo.plot import plot_runs, plot_timeline
-from rtj_demo.report import LAYER_IN_JOB, LAYER_IN_PROCESS, LAYER_JOB_RESTART, LAYER_POD_REPLACEMENT
+from rtj_demo.report import (
+    LAYER_IN_JOB,
+    LAYER_IN_PROCESS,
+    LAYER_JOB_RESTART,
+    LAYER_POD_REPLACEMENT,
+    CheckpointRecord,
+    FaultRecord,
+    RecoveryRecord,
+    StepRecord,
+    build_report,
+)
 from rtj_demo.timeline import (
     Timeline,
+    align_fault_times,
     faults_from_markers,
     from_progress_records,
     parse_time,
@@ -86,8 +97,25 @@ def test_fault_markers_count_each_fault_once(tmp_path: Path) -> None:
     )
     (marker_dir / "fault-2-step-12-rank-1.json").write_text("{torn")
     faults = faults_from_markers(marker_dir)
-    assert [(f.kind, f.time) for f in faults] == [("exception", 10.1), ("sigkill", 20.0)]
+    assert [(f.kind, f.time, f.step) for f in faults] == [("exception", 10.1, 5), ("sigkill", 20.0, 9)]
     assert faults_from_markers(tmp_path / "absent") == []
+
+
+def test_fault_time_moves_past_rank_zeros_lagging_report() -> None:
+    # rank 1 fires at the start of step index 20 (20 steps done) at t=10.000, while rank 0 reports
+    # step 20 at t=10.002 (it was saving a checkpoint); training resumes with step 21 at t=11.2.
+    steps = [StepRecord(9.9, 19), StepRecord(10.002, 20), StepRecord(11.2, 21), StepRecord(11.3, 22)]
+    faults = [FaultRecord(10.0, "exception", step=20), FaultRecord(11.25, "node-loss")]
+    aligned = align_fault_times(steps, faults)
+    assert [f.time for f in aligned] == [10.002, 11.25]
+    report = build_report(steps, aligned, [RecoveryRecord(11.1, LAYER_IN_PROCESS)], [])
+    exception = report.faults[0]
+    assert exception.recovered_by == LAYER_IN_PROCESS
+    assert exception.recovery_seconds == pytest.approx(11.2 - 10.002)
+    assert exception.step_at_fault == 20
+    # A report beyond the lag window, or of a later step, is left alone.
+    assert align_fault_times([StepRecord(13.0, 20)], [FaultRecord(10.0, "hang", step=20)])[0].time == 10.0
+    assert align_fault_times([StepRecord(10.1, 21)], [FaultRecord(10.0, "hang", step=20)])[0].time == 10.0
 
 
 def test_operator_events_give_pod_replacements_and_gang_restarts() -> None:
@@ -109,8 +137,6 @@ def _sample_timeline() -> Timeline:
         + [{"time": _iso(base + 15 + i * 0.5), "step": i} for i in range(16, 31)]
     )
     timeline.faults = faults_from_markers(Path("/nonexistent"))
-    from rtj_demo.report import CheckpointRecord, FaultRecord, RecoveryRecord
-
     timeline.faults.append(FaultRecord(time=base + 10.2, kind="sigkill"))
     timeline.recoveries.append(RecoveryRecord(time=base + 12.0, layer=LAYER_IN_JOB))
     timeline.checkpoints.append(CheckpointRecord(time=base + 7.6, step=15))
