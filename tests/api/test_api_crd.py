@@ -163,3 +163,25 @@ def test_enums_are_camel_case_strings() -> None:
 
 def test_crd_yaml_round_trips_to_the_generated_dict() -> None:
     assert yaml.safe_load(api.crd_yaml()) == api.crd()
+
+
+def test_docs_api_md_is_generated_from_the_current_models() -> None:
+    reference = (CRD_FILE.parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    assert reference == crd_cli.reference_markdown(), "run `make crds` to regenerate docs/api.md"
+    # Every spec field of every object appears in the reference.
+    for key in (
+        "hotSpares",
+        "initialHeartbeatTimeoutSeconds",
+        "fileSystemId",
+        "taintExcludedNodes",
+        "goodputPercent",
+    ):
+        assert f"| `{key}` |" in reference
+
+
+def test_rtj_crd_write_updates_both_files(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert crd_cli.main(["--write", "--root", str(tmp_path)]) == 0
+    assert (tmp_path / "crds" / CRD_FILE.name).read_text(encoding="utf-8") == api.crd_yaml()
+    assert (tmp_path / "docs" / "api.md").read_text(encoding="utf-8") == crd_cli.reference_markdown()
+    assert crd_cli.main(["--write", "--root", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("up to date") == 2
