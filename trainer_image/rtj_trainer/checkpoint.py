@@ -229,11 +229,22 @@ class CheckpointManager:
         self._pending: _Pending | None = None
         self._uncommitted: list[int] = []  # rank 0: saved steps awaiting their commit
         self._last_refresh = time.monotonic()
-        self.last_committed: CheckpointInfo | None = newest_complete(self.root)
+        self.last_committed: CheckpointInfo | None = newest_complete(self.root, world_size)
         self.root.mkdir(parents=True, exist_ok=True)
-        if asynchronous:
-            self._writer = AsyncWriter(rank)
+
+    def start_writer(self) -> None:
+        """Start the async writer process ahead of the first save (spawning it takes seconds).
+
+        The trainer calls this after its first step, so the spawn does not compete with startup.
+        """
+        if self.asynchronous and self._writer is None:
+            self._writer = AsyncWriter(self.rank)
             self._writer.start()
+
+    def refresh(self) -> CheckpointInfo | None:
+        """Re-read the newest complete checkpoint from the volume."""
+        self.last_committed = newest_complete(self.root, self.world_size)
+        return self.last_committed
 
     @property
     def is_committer(self) -> bool:

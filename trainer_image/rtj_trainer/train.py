@@ -186,6 +186,11 @@ class Trainer:
             node_rank=node_rank, train_start_time=train_start_time(self.checkpoint_dir, now)
         )
         self.progress.events = events
+        # TORCHELASTIC_RESTART_COUNT is per agent and stays 0 on a node whose workers restarted
+        # because another node's failed; the persisted count sees every restart of this node.
+        if prior is not None and not prior.get("finished", False):
+            persisted = int(prior.get("restarts", {}).get("inJob", 0)) + 1
+            self.in_job_restarts = max(self.in_job_restarts, persisted)
         self.progress.restarts_in_job = self.in_job_restarts
         self.progress.restarts_in_process = self.in_process_base
         self.reporter = Reporter(
@@ -288,6 +293,7 @@ class Trainer:
             self.memory.useful_seconds += step_seconds
             self.heartbeats.beat()
             force = self._maybe_record_recovery(resumed_step, source)
+            self.ckpt.start_writer()
             blocking = 0.0
             if (step + 1) % self.interval == 0 and step + 1 < steps:
                 blocking = self._save(step + 1, loss_value)
@@ -379,6 +385,7 @@ class Trainer:
             raise RuntimeError(f"final checkpoint of step {steps} did not commit")
         dist.barrier()
         self.ckpt.poll()
+        self.ckpt.refresh()
         self._update_progress(steps, self.progress.step_time_seconds, 0.0, self.progress.loss or 0.0)
         self.progress.step = steps
         self.progress.finished = True

@@ -1,0 +1,380 @@
+"""Unit behaviour of the trainer's pure parts: launcher argv, fault plans, checkpoint selection and
+pruning, the progress JSON, and the environment contract as the operator renders it."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from rtj_operator import api, render
+from rtj_trainer import checkpoint, env, faults, launch, progress
+
+FLAGS = {
+    "initial_heartbeat_timeout": "--ft-initial-rank-heartbeat-timeout",
+    "heartbeat_timeout": "--ft-rank-heartbeat-timeout",
+    "nic_monitor": "--ft-enable-nic-monitor",
+}
+
+
+def contract_env(**overrides: str) -> env.TrainerEnv:
+    values = {
+        "RTJ_JOB_UID": "uid-1",
+        "RTJ_NODE_RANK": "0",
+        "RTJ_NNODES": "2",
+        "RTJ_NNODES_MAX": "2",
+        "RTJ_NPROC_PER_NODE": "8",
+        "RTJ_RDZV_HOST": "j-worker-0.j.ns.svc",
+        "RTJ_RDZV_PORT": "29500",
+        "RTJ_FT_HEARTBEAT_TIMEOUT_SECONDS": "300",
+        "RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS": "600",
+        "RTJ_FT_MONITOR_INTERVAL_SECONDS": "5",
+        "RTJ_MAX_RESTARTS": "20",
+    }
+    values.update(overrides)
+    return env.TrainerEnv.from_environ(values)
+
+
+# --- launcher argv ------------------------------------------------------------------------------
+
+
+def test_argv_for_the_store_host_node() -> None:
+    argv = launch.ft_launcher_argv(
+        contract_env(),
+        rdzv_address="10.0.0.5",
+        command=["rtj-train", "--steps", "10"],
+        cpu=False,
+        flags=FLAGS,
+    )
+    assert argv == [
+        "ft_launcher",
+        "--nnodes=2:2",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.5:29500",
+        "--rdzv-id=uid-1",
+        "--rdzv-conf=is_host=1",
+        "--ft-initial-rank-heartbeat-timeout=600",
+        "--ft-rank-heartbeat-timeout=300",
+        "--monitor-interval=5",
+        "--max-restarts=20",
+        "--no-python",
+        "rtj-train",
+        "--steps",
+        "10",
+    ]
+
+
+@pytest.mark.parametrize("node_rank", [1, 2, 7])
+def test_argv_other_nodes_dial_the_host_and_do_not_host(node_rank: int) -> None:
+    argv = launch.ft_launcher_argv(
+        contract_env(
+            RTJ_NODE_RANK=str(node_rank), RTJ_NNODES="8", RTJ_NNODES_MAX="10", RTJ_POD_IP="10.1.2.3"
+        ),
+        rdzv_address="10.0.0.5",
+        command=["rtj-train"],
+        cpu=True,
+        flags=FLAGS,
+    )
+    assert "--rdzv-conf=is_host=0" in argv
+    assert "--nnodes=8:10" in argv
+    assert "--local-addr=10.1.2.3" in argv
+    assert "--ft-enable-nic-monitor=false" in argv
+    # The training command comes last and whole, after --no-python.
+    assert argv[-2:] == ["--no-python", "rtj-train"]
+
+
+def test_argv_keeps_user_arguments_verbatim() -> None:
+    hostile = ["rtj-train", "--name", "x; rm -rf / $(id) `id`", "--steps=5"]
+    argv = launch.ft_launcher_argv(
+        contract_env(), rdzv_address="fd00::1", command=hostile, cpu=True, flags=FLAGS
+    )
+    assert argv[-len(hostile) :] == hostile
+    assert "--rdzv-endpoint=[fd00::1]:29500" in argv
+
+
+def test_argv_needs_a_command() -> None:
+    with pytest.raises(ValueError, match="no training command"):
+        launch.ft_launcher_argv(contract_env(), rdzv_address="h", command=[], cpu=True, flags=FLAGS)
+
+
+def test_installed_launcher_accepts_the_flags() -> None:
+    """Every flag the builder emits parses with the installed ft_launcher's own parser."""
+    from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
+
+    argv = launch.ft_launcher_argv(
+        contract_env(RTJ_POD_IP="10.1.2.3"), rdzv_address="10.0.0.5", command=["rtj-train", "--x"], cpu=True
+    )
+    parsed = get_args_parser().parse_args(argv[1:])
+    assert parsed.nnodes == "2:2"
+    assert parsed.rdzv_endpoint == "10.0.0.5:29500"
+    assert parsed.ft_enable_nic_monitor is False
+    assert parsed.ft_rank_heartbeat_timeout == 300.0
+    assert parsed.training_script == "rtj-train"
+    assert parsed.training_script_args == ["--x"]
+
+
+def test_resolve_real_names() -> None:
+    assert launch.resolve("127.0.0.1", 29500, timeout=5) == "127.0.0.1"
+    assert launch.resolve("localhost", 29500, timeout=5) in ("127.0.0.1", "::1")
+
+
+def test_resolve_retries_then_gives_up() -> None:
+    attempts: list[str] = []
+
+    def no_sleep(_: float) -> None:
+        attempts.append("slept")
+
+    with pytest.raises(RuntimeError, match="did not resolve"):
+        launch.resolve("no-such-host.invalid", 29500, timeout=0.01, sleep=no_sleep)
+
+
+def test_resolve_waits_for_the_name_to_appear() -> None:
+    calls = {"n": 0}
+
+    def appearing(host: str, port: int, **kwargs: object) -> list[tuple[object, ...]]:
+        calls["n"] += 1
+        if calls["n"] < 3:
+            raise socket.gaierror(socket.EAI_NONAME, "not yet")
+        return socket.getaddrinfo("127.0.0.1", port, type=socket.SOCK_STREAM)
+
+    assert launch.resolve("later", 1, timeout=60, resolver=appearing, sleep=lambda _: None) == "127.0.0.1"
+    assert calls["n"] == 3
+
+
+# --- environment contract -----------------------------------------------------------------------
+
+
+def test_env_parses_what_the_operator_renders() -> None:
+    job = api.parse_job(
+        {
+            "apiVersion": "resilient.training/v1alpha1",
+            "kind": "ResilientTrainingJob",
+            "metadata": {"name": "llm", "namespace": "ml", "uid": "u-1"},
+            "spec": {
+                "image": "trainer:1",
+                "nodes": 3,
+                "checkpoint": {
+                    "intervalSteps": 50,
+                    "keep": 2,
+                    "mode": "Sync",
+                    "storage": {"dynamic": {"storageClassName": "x"}},
+                },
+            },
+        }
+    )
+    pod = render.render_worker_pod(job, 2)
+    values = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+    parsed = env.TrainerEnv.from_environ(values)
+    assert parsed.node_rank == 2
+    assert parsed.nnodes == 3
+    assert parsed.job_uid == "u-1"
+    assert parsed.checkpoint_interval_steps == 50
+    assert parsed.checkpoint_keep == 2
+    assert parsed.checkpoint_mode == env.MODE_SYNC
+    assert parsed.rdzv_host.startswith("llm-worker-0.llm.ml.svc")
+    assert parsed.inprocess_soft_timeout_seconds < parsed.inprocess_hard_timeout_seconds
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("RTJ_ROLE", "boss"),
+        ("RTJ_CHECKPOINT_MODE", "Later"),
+        ("RTJ_NNODES", "two"),
+        ("RTJ_INPROCESS_ENABLED", "maybe"),
+    ],
+)
+def test_env_rejects_malformed_values(name: str, value: str) -> None:
+    with pytest.raises(env.EnvError, match=name):
+        env.TrainerEnv.from_environ({name: value})
+
+
+# --- fault plans --------------------------------------------------------------------------------
+
+
+def test_fault_plan_parses_the_documented_example() -> None:
+    plan = faults.parse_faults(
+        "exception@step=30,rank=1;sigkill@step=60,rank=2;hang@step=90,rank=3;exception@p=0.01,seed=7"
+    )
+    assert [(f.kind, f.step, f.ranks) for f in plan[:3]] == [
+        ("exception", 30, (1,)),
+        ("sigkill", 60, (2,)),
+        ("hang", 90, (3,)),
+    ]
+    assert plan[3].probability == 0.01 and plan[3].seed == 7 and plan[3].ranks is None
+    assert faults.parse_faults("") == ()
+    assert faults.parse_faults("exception@step=1,rank=0+2")[0].ranks == (0, 2)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "explode@step=1",
+        "exception",
+        "exception@step=1,p=0.5",
+        "exception@rank=1",
+        "exception@step=x",
+        "exception@p=2",
+        "exception@step=1,colour=red",
+        "sigkill@step=-1",
+    ],
+)
+def test_fault_plan_rejects_bad_input(text: str) -> None:
+    with pytest.raises(faults.FaultPlanError):
+        faults.parse_faults(text)
+
+
+def test_step_fault_fires_once_across_restarts(tmp_path: Path) -> None:
+    plan = faults.parse_faults("exception@step=3,rank=1")
+    first = faults.FaultInjector(plan, tmp_path, rank=1)
+    first.maybe_fire(2)
+    with pytest.raises(faults.InjectedFaultError):
+        first.maybe_fire(3)
+    # A restarted process (new injector, same checkpoint dir) passes step 3 again without firing.
+    faults.FaultInjector(plan, tmp_path, rank=1).maybe_fire(3)
+    # Other ranks never fire it.
+    faults.FaultInjector(faults.parse_faults("exception@step=4,rank=1"), tmp_path, rank=0).maybe_fire(4)
+    fired = first.fired_since(0)
+    assert [(f.kind, f.step, f.rank) for f in fired] == [("exception", 3, 1)]
+
+
+def test_probabilistic_faults_are_seeded_and_fire_near_their_rate(tmp_path: Path) -> None:
+    (fault,) = faults.parse_faults("exception@p=0.1,seed=7")
+    due = [s for s in range(2000) if fault.due(s, rank=0)]
+    assert due == [s for s in range(2000) if fault.due(s, rank=0)]
+    assert 120 < len(due) < 280
+    injector = faults.FaultInjector((fault,), tmp_path, rank=0)
+    with pytest.raises(faults.InjectedFaultError):
+        injector.maybe_fire(due[0])
+    injector.maybe_fire(due[0])  # claimed: a resume at the same step does not fire again
+    with pytest.raises(faults.InjectedFaultError):
+        injector.maybe_fire(due[1])
+
+
+# --- checkpoint selection and pruning -----------------------------------------------------------
+
+
+def _save_all(root: Path, step: int, world: int, *, ranks: range | None = None) -> None:
+    managers = [
+        checkpoint.CheckpointManager(root, rank=rank, world_size=world, asynchronous=False, keep=100)
+        for rank in (ranks if ranks is not None else range(world))
+    ]
+    for manager in managers:
+        manager.save(step, {"w": torch.full((4,), float(step * 10 + manager.rank))}, {"step": step})
+    for manager in managers:
+        manager.poll()  # the committer (rank 0) commits once every rank's shard is durable
+
+
+def test_newest_complete_ignores_partial_and_torn_checkpoints(tmp_path: Path) -> None:
+    _save_all(tmp_path, 10, 2)
+    _save_all(tmp_path, 20, 2)
+    _save_all(tmp_path, 30, 2, ranks=range(1))  # rank 1 never finished: no commit possible
+    torn = checkpoint.step_dir(tmp_path, 40)
+    torn.mkdir()
+    (torn / "rank-00000.pt").write_bytes(b"\x80garbage")  # a shard cut short, no .done
+    (torn / "rank-00001.pt").write_bytes(b"\x80garbage")
+    assert checkpoint.try_commit(tmp_path, 30) is False
+    assert checkpoint.try_commit(tmp_path, 40) is False
+    newest = checkpoint.newest_complete(tmp_path, 2)
+    assert newest is not None and newest.step == 20
+    assert checkpoint.newest_complete(tmp_path, 4) is None  # another world size never matches
+    manager = checkpoint.CheckpointManager(tmp_path, rank=1, world_size=2, asynchronous=False)
+    info, payload = manager.load(20)
+    assert info.step == 20 and torch.equal(payload["tensors"]["w"], torch.full((4,), 201.0))
+    with pytest.raises(RuntimeError):
+        manager.load(30)
+
+
+def test_commit_needs_every_rank_and_marker_is_last(tmp_path: Path) -> None:
+    _save_all(tmp_path, 5, 3, ranks=range(2))
+    directory = checkpoint.step_dir(tmp_path, 5)
+    assert not (directory / checkpoint.COMMIT_MARKER).exists()
+    _save_all(tmp_path, 5, 3, ranks=range(2, 3))
+    # Rank 2 is not the committer and rank 0 polled before rank 2 finished: a resume commits it.
+    assert not (directory / checkpoint.COMMIT_MARKER).exists()
+    assert checkpoint.commit_ready(tmp_path) == [5]
+    marker = json.loads((directory / checkpoint.COMMIT_MARKER).read_text())
+    assert marker["worldSize"] == 3 and marker["step"] == 5
+    assert checkpoint.CheckpointManager(tmp_path, rank=0, world_size=3, asynchronous=False).newest_step() == 5
+
+
+def test_keep_k_prunes_old_commits_and_stale_partials(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40):
+        _save_all(tmp_path, step, 1)
+    stale = checkpoint.step_dir(tmp_path, 25)
+    stale.mkdir()
+    in_flight = checkpoint.step_dir(tmp_path, 50)
+    in_flight.mkdir()
+    removed = checkpoint.prune(tmp_path, keep=2)
+    assert sorted(p.name for p in removed) == ["step-000000010", "step-000000020", "step-000000025"]
+    remaining = [(c.step, c.committed) for c in checkpoint.list_checkpoints(tmp_path)]
+    assert remaining == [(30, True), (40, True), (50, False)]
+
+
+def test_committer_prunes_as_it_commits(tmp_path: Path) -> None:
+    manager = checkpoint.CheckpointManager(tmp_path, rank=0, world_size=1, asynchronous=False, keep=2)
+    for step in range(1, 6):
+        manager.save(step, {"w": torch.zeros(2)}, {})
+        assert manager.poll() == [step]
+    assert [c.step for c in checkpoint.list_checkpoints(tmp_path)] == [4, 5]
+    assert manager.last_committed is not None and manager.last_committed.step == 5
+
+
+# --- progress JSON ------------------------------------------------------------------------------
+
+
+def test_progress_json_matches_the_contract() -> None:
+    p = progress.Progress(node_rank=1, train_start_time=1_700_000_000.0)
+    p.step = 123
+    p.last_checkpoint_step, p.last_checkpoint_time = 100, 1_700_000_050.0
+    p.restarts_in_process, p.restarts_in_job = 1, 2
+    p.step_time_seconds, p.checkpoint_blocking_seconds, p.useful_step_seconds = 0.12, 0.01, 55.0
+    for i in range(25):
+        p.add_event(
+            progress.RecoveryEvent("InProcessRestart", 40 + i, 1_700_000_060.0, 1_700_000_060.8, 0, "memory")
+        )
+    report = progress.progress_json(p, now=1_700_000_100.0)
+    assert set(report) >= {
+        "v",
+        "time",
+        "nodeRank",
+        "step",
+        "lastCheckpoint",
+        "restarts",
+        "stepTimeSeconds",
+        "checkpointBlockingSeconds",
+        "usefulStepSeconds",
+        "trainStartTime",
+        "finished",
+        "events",
+    }
+    assert report["v"] == 1
+    assert report["time"] == "2023-11-14T22:15:00.000000Z"
+    assert report["nodeRank"] == 1 and report["step"] == 123
+    assert report["lastCheckpoint"] == {"step": 100, "time": "2023-11-14T22:14:10.000000Z"}
+    assert report["restarts"] == {"inProcess": 1, "inJob": 2}
+    assert report["usefulStepSeconds"] == 55.0 and report["finished"] is False
+    assert len(report["events"]) == progress.MAX_EVENTS
+    assert report["events"][-1]["step"] == 64  # the newest 20 are kept
+    event = report["events"][0]
+    assert event["kind"] == "InProcessRestart" and event["recoverySeconds"] == pytest.approx(0.8)
+    assert {"time", "kind", "step", "recoverySeconds"} <= set(event)
+    json.dumps(report)  # serialisable as the annotation value
+
+
+def test_file_sink_and_reporter_throttle(tmp_path: Path) -> None:
+    sink = progress.make_sink(f"file:{tmp_path / 'p.jsonl'}", "ns", "pod")
+    reporter = progress.Reporter(sink, str(tmp_path / "ck"), interval_seconds=3600)
+    p = progress.Progress(node_rank=0, train_start_time=0.0)
+    assert reporter.report(p) is True
+    assert reporter.report(p) is False  # throttled
+    assert reporter.report(p, force=True) is True
+    lines = (tmp_path / "p.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    assert progress.load_node_state(str(tmp_path / "ck"), 0) == json.loads(lines[-1])
+    assert isinstance(progress.make_sink("none", "ns", "pod"), progress.NoSink)
+    with pytest.raises(ValueError, match="RTJ_PROGRESS_SINK"):
+        progress.make_sink("carrier-pigeon", "ns", "pod")
