@@ -42,21 +42,25 @@ def load_values(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def render_templates(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> dict[str, str]:
+def render_templates(
+    values: dict[str, Any] | None = None, namespace: str = NAMESPACE, release: str = RELEASE
+) -> dict[str, str]:
     """Template path -> rendered text, as `helm template` would produce it."""
-    return _chart().render(values, name=RELEASE, namespace=namespace, is_install=True)
+    return _chart().render(values, name=release, namespace=namespace, is_install=True)
 
 
 @functools.cache
-def _render_cached(values_json: str, namespace: str) -> tuple[str, ...]:
+def _render_cached(values_json: str, namespace: str, release: str) -> tuple[str, ...]:
     values = json.loads(values_json) if values_json else None
-    texts = render_templates(values, namespace)
+    texts = render_templates(values, namespace, release)
     return tuple(texts[name] for name in sorted(texts) if name.endswith((".yaml", ".yml")))
 
 
-def render(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+def render(
+    values: dict[str, Any] | None = None, namespace: str = NAMESPACE, release: str = RELEASE
+) -> list[dict[str, Any]]:
     """The Kubernetes objects the chart's templates produce (CRDs excluded: see crd_objects)."""
-    texts = _render_cached(json.dumps(values, sort_keys=True) if values else "", namespace)
+    texts = _render_cached(json.dumps(values, sort_keys=True) if values else "", namespace, release)
     return [doc for text in texts for doc in yaml.safe_load_all(text) if doc]
 
 
