@@ -1,0 +1,299 @@
+"""Every Kubernetes API call the operator's own code makes, and the permissions they need.
+
+`handlers` calls this module to read a job and its pods fresh, to write status and to apply
+`reconcile`'s actions; kopf makes the watch calls (and its finalizer/annotation patches) itself. The
+Helm chart's ClusterRole must grant exactly `REQUIRED_PERMISSIONS` (a chart test compares them), so
+any new call added here must add its (group, resource, verb) there too.
+
+Synchronous on purpose: the official client is synchronous; `handlers` runs these calls in worker
+threads. Creates treat 409 AlreadyExists as success and deletes treat 404 NotFound as success, which
+makes every action safe to repeat.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import kubernetes
+
+from rtj_operator import constants
+from rtj_operator.reconcile import Action, CreateObject, DeleteJob, DeleteObject, DeletePod, TaintNode
+
+logger = logging.getLogger(__name__)
+
+RBAC_GROUP: Final = "rbac.authorization.k8s.io"
+
+# (group, resource, verb) for everything the operator does, its own calls and kopf's.
+REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
+    {
+        # Jobs: kopf watches them (list, watch), adds/removes its finalizer and annotations (patch);
+        # the operator reads one fresh before acting (get), deletes it after its TTL (delete).
+        (constants.GROUP, constants.PLURAL, "get"),
+        (constants.GROUP, constants.PLURAL, "list"),
+        (constants.GROUP, constants.PLURAL, "watch"),
+        (constants.GROUP, constants.PLURAL, "patch"),
+        (constants.GROUP, constants.PLURAL, "delete"),
+        (constants.GROUP, f"{constants.PLURAL}/status", "patch"),
+        # Pods: indexed and watched by kopf, listed fresh, created and deleted. get and patch are not
+        # called, but the trainer Role the operator creates grants them, and RBAC only lets a
+        # subject create a Role granting what it holds itself (no `escalate`).
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods", "create"),
+        ("", "pods", "delete"),
+        ("", "pods", "get"),
+        ("", "pods", "patch"),
+        # Nodes: indexed and watched; tainted (opt-in taintExcludedNodes) with a read-modify-write.
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        # The job's other children.
+        ("", "services", "create"),
+        ("", "serviceaccounts", "create"),
+        ("", "persistentvolumeclaims", "create"),
+        ("", "persistentvolumeclaims", "delete"),
+        ("", "persistentvolumes", "create"),
+        ("", "persistentvolumes", "delete"),
+        (RBAC_GROUP, "roles", "create"),
+        (RBAC_GROUP, "rolebindings", "create"),
+        # Events, posted by kopf's event poster for the operator.
+        ("", "events", "create"),
+    }
+)
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+    def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+        base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        if self.namespaced:
+            if not namespace:
+                raise ValueError(f"{self.plural} are namespaced: a namespace is needed")
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if subresource:
+            base += f"/{subresource}"
+        return base
+
+
+RESOURCES: Final[dict[str, Resource]] = {
+    "Pod": Resource("", "v1", "pods", True),
+    "Service": Resource("", "v1", "services", True),
+    "ServiceAccount": Resource("", "v1", "serviceaccounts", True),
+    "PersistentVolumeClaim": Resource("", "v1", "persistentvolumeclaims", True),
+    "PersistentVolume": Resource("", "v1", "persistentvolumes", False),
+    "Node": Resource("", "v1", "nodes", False),
+    "Role": Resource(RBAC_GROUP, "v1", "roles", True),
+    "RoleBinding": Resource(RBAC_GROUP, "v1", "rolebindings", True),
+    constants.KIND: Resource(constants.GROUP, constants.VERSION, constants.PLURAL, True),
+}
+
+
+class ConflictError(Exception):
+    """The object changed since it was read (HTTP 409 on an update with a resourceVersion)."""
+
+
+class Kube:
+    """A thin typed wrapper over the official client's REST call, returning plain dicts."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
+        self.api_client = api_client
+        # API writes made, by verb: the benchmark reads them (writes per job, writes while idle).
+        self.writes: dict[str, int] = {}
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None = None) -> Kube:
+        """From a kubeconfig file, else the in-cluster service account, else the default kubeconfig."""
+        configuration = kubernetes.client.Configuration()
+        config: Any = kubernetes.config  # the loaders are untyped
+        if path:
+            config.load_kube_config(config_file=path, client_configuration=configuration)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=configuration)
+            except config.ConfigException:
+                config.load_kube_config(client_configuration=configuration)
+        return cls(kubernetes.client.ApiClient(configuration))
+
+    @property
+    def configuration(self) -> kubernetes.client.Configuration:
+        configuration: kubernetes.client.Configuration = self.api_client.configuration
+        return configuration
+
+    def close(self) -> None:
+        client: Any = self.api_client
+        client.close()
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, Any]] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        if method != "GET":
+            self.writes[method] = self.writes.get(method, 0) + 1
+        method, url, headers, serialized, _ = self.api_client.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api_client.call_api(
+            method, url, header_params=headers, body=serialized, _request_timeout=(10, 60)
+        )
+        data: bytes = response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status < 300:
+            raise kubernetes.client.ApiException(
+                http_resp=response, body=data.decode(errors="replace"), data=None
+            )
+        result: dict[str, Any] = json.loads(data) if data else {}
+        return result
+
+    # -- reads --
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", RESOURCES[constants.KIND].path(namespace, name))
+        except kubernetes.client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        path = RESOURCES["Pod"].path(namespace)
+        result = self._call("GET", path, query=[("labelSelector", f"{constants.LABEL_JOB}={job}")])
+        items: list[dict[str, Any]] = result.get("items") or []
+        return items
+
+    # -- writes --
+
+    def patch_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], resource_version: str | None
+    ) -> dict[str, Any]:
+        """Replace status through the status subresource; ConflictError if the job changed since read.
+
+        A merge patch whose metadata carries the resourceVersion is an optimistic update: two passes
+        working from the same read cannot both count the same fault.
+        """
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            return self._call(
+                "PATCH",
+                RESOURCES[constants.KIND].path(namespace, name, "status"),
+                body=body,
+                content_type="application/merge-patch+json",
+            )
+        except kubernetes.client.ApiException as error:
+            if error.status == 409:
+                raise ConflictError(f"{namespace}/{name} changed while being reconciled") from error
+            raise
+
+    def create(self, manifest: Mapping[str, Any]) -> bool:
+        """Create an object; False when it already existed (which is success)."""
+        resource = RESOURCES[str(manifest["kind"])]
+        namespace = manifest.get("metadata", {}).get("namespace")
+        try:
+            self._call("POST", resource.path(namespace), body=dict(manifest))
+        except kubernetes.client.ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def delete(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        *,
+        uid: str | None = None,
+        grace_seconds: int | None = None,
+    ) -> bool:
+        """Delete an object (only if it still has `uid`, when given); False when it was already gone."""
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+        }
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        try:
+            self._call("DELETE", RESOURCES[kind].path(namespace, name), body=body)
+        except kubernetes.client.ApiException as error:
+            # 409 on a uid precondition: a newer object of that name exists, which is not ours to delete.
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
+
+    def taint_node(self, node: str, key: str, value: str, effect: str, *, remove: bool = False) -> None:
+        """Add or remove one taint, keeping the others (read-modify-write guarded by resourceVersion)."""
+        path = RESOURCES["Node"].path(None, node)
+        for _ in range(5):
+            try:
+                body = self._call("GET", path)
+            except kubernetes.client.ApiException as error:
+                if error.status == 404:
+                    return
+                raise
+            taints: list[dict[str, Any]] = list(body.get("spec", {}).get("taints") or [])
+            mine = [
+                t
+                for t in taints
+                if t.get("key") == key and t.get("value") == value and t.get("effect") == effect
+            ]
+            if remove:
+                if not mine:
+                    return
+                taints = [t for t in taints if t not in mine]
+            else:
+                if mine:
+                    return
+                taints.append({"key": key, "value": value, "effect": effect})
+            patch = {
+                "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+                "spec": {"taints": taints},
+            }
+            try:
+                self._call("PATCH", path, body=patch, content_type="application/merge-patch+json")
+                return
+            except kubernetes.client.ApiException as error:
+                if error.status != 409:
+                    raise
+        raise ConflictError(f"node {node} kept changing while being tainted")
+
+    def apply(self, action: Action, namespace: str) -> None:
+        """Apply one of reconcile's actions idempotently."""
+        if isinstance(action, CreateObject):
+            self.create(action.manifest)
+        elif isinstance(action, DeletePod):
+            self.delete("Pod", namespace, action.name, uid=action.uid, grace_seconds=action.grace_seconds)
+        elif isinstance(action, DeleteObject):
+            self.delete(action.kind, action.namespace, action.name)
+        elif isinstance(action, TaintNode):
+            self.taint_node(action.node, action.key, action.value, action.effect, remove=action.remove)
+        elif isinstance(action, DeleteJob):
+            self.delete(constants.KIND, action.namespace, action.name, uid=action.uid)
+        else:  # pragma: no cover - the Action union is closed
+            raise TypeError(f"unknown action {action!r}")

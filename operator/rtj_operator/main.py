@@ -1,0 +1,157 @@
+"""`rtj operator` / `rtj-operator`: run the operator (kopf) with the project's settings.
+
+`main(argv)` parses the command line and runs kopf until interrupted. `EmbeddedOperator` runs the same
+operator in a background thread with a stop flag, for the tests and the benchmark (and for anyone
+embedding the operator in a larger program). The handlers themselves live in `handlers`.
+
+One replica: peering is off (standalone). Two operators serving the same jobs would not corrupt
+them (status writes are optimistic and creates idempotent) but would double the API traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+
+from rtj_operator import handlers, kube
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rtj operator", description="Run the ResilientTrainingJob operator (one replica)."
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="serve this namespace (repeatable)"
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="serve every namespace (default)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    parser.add_argument(
+        "--liveness", metavar="URL", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    parser.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--log-format", choices=["text", "json"], default="text", help="log format (default text)"
+    )
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    return parser
+
+
+def make_registry() -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    return registry
+
+
+async def run_operator(
+    *,
+    kubeconfig: str | None,
+    namespaces: Sequence[str] = (),
+    liveness: str | None = None,
+    metrics_port: int | None = None,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+    context: handlers.OperatorContext | None = None,
+) -> None:
+    """Run one operator until `stop_flag` is set (or forever)."""
+    client = kube.Kube.from_kubeconfig(kubeconfig)
+    ctx = context or handlers.OperatorContext(kube=client)
+    ctx.kube = client
+    ctx.metrics_port = metrics_port
+    try:
+        await kopf.operator(
+            registry=make_registry(),
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=list(namespaces),
+            liveness_endpoint=liveness,
+            memo=ctx,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        for runner in ctx.runners.values():
+            if runner.wakeup is not None:
+                runner.wakeup.cancel()
+            if runner.task is not None and not runner.task.done():
+                runner.task.cancel()
+        client.close()
+
+
+class EmbeddedOperator:
+    """The operator in a background thread: `start()` waits until it serves, `stop()` until it ends."""
+
+    def __init__(self, kubeconfig: str, *, namespaces: Sequence[str] = (), metrics_port: int | None = None):
+        self.kubeconfig, self.namespaces, self.metrics_port = kubeconfig, tuple(namespaces), metrics_port
+        self.context: handlers.OperatorContext | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self, timeout: float = 120.0) -> EmbeddedOperator:
+        self._thread = threading.Thread(target=self._main, name="rtj-operator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            self.stop()
+            raise RuntimeError(f"the operator did not become ready within {timeout}s: {self.error!r}")
+        return self
+
+    def _main(self) -> None:
+        client = kube.Kube.from_kubeconfig(self.kubeconfig)
+        self.context = handlers.OperatorContext(kube=client)
+        try:
+            asyncio.run(
+                run_operator(
+                    kubeconfig=self.kubeconfig,
+                    namespaces=self.namespaces,
+                    metrics_port=self.metrics_port,
+                    stop_flag=self._stop,
+                    ready_flag=self._ready,
+                    context=self.context,
+                )
+            )
+        except BaseException as error:  # surfaced to the test through start()/stop()
+            self.error = error
+            self._ready.set()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise RuntimeError(f"the operator did not stop within {timeout}s")
+
+    def __enter__(self) -> EmbeddedOperator:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    kopf.configure(
+        verbose=args.verbose,
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
+    )
+    try:
+        asyncio.run(
+            run_operator(
+                kubeconfig=args.kubeconfig,
+                namespaces=args.namespace,
+                liveness=args.liveness,
+                metrics_port=args.metrics_port,
+            )
+        )
+    except KeyboardInterrupt:
+        return 0
+    return 0
