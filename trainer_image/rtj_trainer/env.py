@@ -41,6 +41,9 @@ INPROCESS_BARRIER_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_BARRIER_TIMEOUT_SECOND
 PROGRESS_SINK: Final = "RTJ_PROGRESS_SINK"
 PROGRESS_INTERVAL_SECONDS: Final = "RTJ_PROGRESS_INTERVAL_SECONDS"
 FAULTS: Final = "RTJ_FAULTS"
+# User-set (spec.env), not rendered: "direct" makes rtj-launch exec the command without ft_launcher.
+LAUNCH_MODE: Final = "RTJ_LAUNCH_MODE"
+LAUNCH_MODE_DIRECT: Final = "direct"
 
 # Every name of the contract, for the test that compares them with the operator's renderer.
 CONTRACT_NAMES: Final = (

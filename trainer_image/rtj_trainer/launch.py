@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rtj_trainer.env import ROLE_SPARE, TrainerEnv
+from rtj_trainer.env import LAUNCH_MODE, LAUNCH_MODE_DIRECT, ROLE_SPARE, TrainerEnv
 from rtj_trainer.nvrx_compat import ft_launcher_flags
 
 log = logging.getLogger("rtj_trainer.launch")
@@ -147,6 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: rtj-launch -- <training command...>", file=sys.stderr)
         return 2
     command = [_find_executable(args[0]), *args[1:]]
+    if os.environ.get(LAUNCH_MODE) == LAUNCH_MODE_DIRECT:
+        # No ft_launcher, no rendezvous: the command is the container's process (operator tests use
+        # trivial commands to exercise pod lifecycles without spending CPU on torch).
+        os.execv(command[0], command)
     address = resolve(env.rdzv_host, env.rdzv_port)
     launcher = _find_executable("ft_launcher")
     full = ft_launcher_argv(env, rdzv_address=address, command=command, cpu=_cpu_only(), launcher=launcher)
