@@ -1237,6 +1237,9 @@ def crd() -> dict[str, Any]:
     }
     root["properties"]["kind"] = {"type": "string", "description": root["properties"]["kind"]["description"]}
     root["required"] = ["spec"]
+    # The API server forbids anything but name/generateName restrictions under metadata (even a
+    # description): the root's metadata schema must be exactly {type: object[, properties.name]}.
+    root["properties"]["metadata"].pop("description")
     schema = {"description": root.pop("description"), **root}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

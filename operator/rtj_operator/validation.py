@@ -157,7 +157,7 @@ class _StructuralChecker:
         kind = node.get("type")
         if kind not in ("object", "array", "string", "integer", "number", "boolean"):
             problems.append(f"{where}: missing or unknown type {kind!r}")
-        if self.require_descriptions and is_property and not node.get("description"):
+        if self.require_descriptions and is_property and path != "metadata" and not node.get("description"):
             problems.append(f"{where}: no description")
         if "properties" in node and "additionalProperties" in node:
             problems.append(f"{where}: properties and additionalProperties are exclusive")
@@ -180,7 +180,7 @@ class _StructuralChecker:
             problems.append(f"{where}: a string needs maxLength (CEL cost)")
         if path == "metadata":
             extra = set(node.get("properties", {})) - {"name", "generateName"}
-            if extra or set(node) - {"type", "properties", "description"}:
+            if extra or set(node) - {"type", "properties"}:
                 problems.append("metadata: only metadata.name and metadata.generateName may be restricted")
             return
         for key, sub in node.get("properties", {}).items():

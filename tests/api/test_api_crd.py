@@ -68,6 +68,10 @@ def test_the_crd_schema_is_structural() -> None:
             lambda s: s["properties"]["metadata"]["properties"].__setitem__("labels", {"type": "object"}),
             "metadata: only metadata.name",
         ),
+        (
+            lambda s: s["properties"]["metadata"].__setitem__("description", "x"),
+            "metadata: only metadata.name",
+        ),
     ],
 )
 def test_the_structural_checker_catches_each_violation(mutation, expected: str) -> None:
