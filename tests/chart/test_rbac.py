@@ -23,21 +23,11 @@ CLUSTER_SCOPED = {
     ("apiextensions.k8s.io", "customresourcedefinitions"),
 }
 
-# What kopf itself calls, beyond the operator's handlers (docs/security.md explains each).
-KOPF_ALLOWLIST: set[Permission] = {
-    ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-    ("", "namespaces", "list"),
-    ("", "namespaces", "watch"),
-    ("", "events", "create"),
-    ("", "events", "patch"),
-    ("events.k8s.io", "events", "create"),
-    ("events.k8s.io", "events", "patch"),
-    ("resilient.training", "resilienttrainingjobs", "list"),
-    ("resilient.training", "resilienttrainingjobs", "watch"),
-    ("resilient.training", "resilienttrainingjobs", "patch"),
-}
+# What kopf itself needs beyond the operator's list: nothing. The operator runs kopf with resource
+# scanning off (no CRD or namespace watches) and standalone (no peering objects), and kopf's own
+# watches, finalizer patches and events are already in REQUIRED_PERMISSIONS. Anything kopf would
+# need on top belongs here, with the reason in docs/security.md.
+KOPF_ALLOWLIST: set[Permission] = set()
 
 # Granted only when a value opts in.
 OPT_IN: dict[Permission, dict[str, Any]] = {
@@ -55,30 +45,10 @@ FORBIDDEN_RESOURCES = {
 FORBIDDEN_VERBS = {"escalate", "bind", "impersonate", "*"}
 
 
-def _crud(group: str, resource: str, *verbs: str) -> set[Permission]:
-    return {(group, resource, verb) for verb in verbs}
-
-
-# The API calls of the operator's reconcile loop, derived from the design (docs/architecture.md):
-# it creates, watches and deletes each job's children, writes status, reads nodes and, opted in,
-# taints them.
-OPERATOR_CALLS: set[Permission] = (
-    _crud("resilient.training", "resilienttrainingjobs", "get", "list", "watch", "patch")
-    | _crud("resilient.training", "resilienttrainingjobs/status", "get", "patch")
-    | _crud("", "pods", "get", "list", "watch", "create", "delete", "patch")
-    | _crud("", "services", "get", "list", "watch", "create", "delete")
-    | _crud("", "persistentvolumeclaims", "get", "list", "watch", "create", "delete")
-    | _crud("", "persistentvolumes", "get", "list", "watch", "create", "delete")
-    | _crud("", "serviceaccounts", "get", "list", "watch", "create", "delete")
-    | _crud("rbac.authorization.k8s.io", "roles", "get", "list", "watch", "create", "delete")
-    | _crud("rbac.authorization.k8s.io", "rolebindings", "get", "list", "watch", "create", "delete")
-    | _crud("", "events", "create", "patch")
-    | _crud("", "nodes", "get", "list", "watch", "patch")
-)
-
-
 def required_permissions() -> set[Permission]:
-    return OPERATOR_CALLS
+    from rtj_operator.kube import REQUIRED_PERMISSIONS
+
+    return set(REQUIRED_PERMISSIONS)
 
 
 def grants(objects: list[dict[str, Any]]) -> dict[str, set[Permission]]:

@@ -67,63 +67,53 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 Namespaced permissions: what the operator does inside a namespace whose jobs it reconciles.
-Every verb is used by the operator (rtj_operator.kube.REQUIRED_PERMISSIONS) or by kopf itself;
-docs/security.md explains each rule. Secrets are never read.
+Exactly rtj_operator.kube.REQUIRED_PERMISSIONS (tests/chart/test_rbac.py compares them); kopf runs
+with resource scanning off and without peering, so it needs nothing more. docs/security.md
+explains each rule. Secrets are never read.
 */}}
 {{- define "rtj.namespacedRules" -}}
-# The jobs: kopf watches them and patches finalizers and its progress annotations.
+# The jobs: kopf watches them and patches its finalizer and annotations; the operator reads one
+# fresh before acting and deletes it after ttlSecondsAfterFinished.
 - apiGroups: ["resilient.training"]
   resources: ["resilienttrainingjobs"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 # Status is written through the status subresource.
 - apiGroups: ["resilient.training"]
   resources: ["resilienttrainingjobs/status"]
-  verbs: ["get", "patch"]
-# Worker and spare pods: created, replaced, deleted; get/patch also let the operator create the
-# trainer's Role (RBAC escalation checks require holding what a Role grants).
+  verbs: ["patch"]
+# Worker and spare pods: watched, created and deleted to replace a worker. get and patch are what
+# the trainer's Role grants: RBAC lets a subject create a Role only with permissions it holds.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
-# The headless rendezvous Service and the checkpoint PVC of each job.
+# The job's other children; owner references delete them with the job (garbage collection).
 - apiGroups: [""]
-  resources: ["services", "persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-# The trainer's ServiceAccount, Role and RoleBinding (progress reports on its own pods).
-- apiGroups: [""]
-  resources: ["serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  resources: ["services", "serviceaccounts"]
+  verbs: ["create"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-# Events on jobs (kopf posts core/v1 events; events.k8s.io is the same storage).
+  verbs: ["create"]
+# The checkpoint claim; deleted explicitly under retentionPolicy Delete.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["create", "delete"]
+# Events on jobs, posted through kopf.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
 
 {{/*
 Cluster-scoped permissions: needed in both modes because these kinds have no namespace.
 */}}
 {{- define "rtj.clusterRules" -}}
-# kopf scans CRDs at start-up and watches them to notice the API appearing or changing.
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
-# Node health drives replacements (NotReady, unreachable, deleted).
+# Node health drives replacements (NotReady, unreachable, deleted); patch only to taint excluded
+# nodes, and only when the install opts in.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: [{{ if .Values.nodeTainting.enabled }}"get", "list", "watch", "patch"{{ else }}"get", "list", "watch"{{ end }}]
 # Static checkpoint volumes (FSx for Lustre) are PersistentVolumes, which have no namespace.
 - apiGroups: [""]
   resources: ["persistentvolumes"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-{{- if .Values.watchNamespaces }}
-# kopf follows the watched namespaces appearing and disappearing.
-- apiGroups: [""]
-  resources: ["namespaces"]
-  verbs: ["list", "watch"]
-{{- end }}
+  verbs: ["create", "delete"]
 {{- end }}
