@@ -9,6 +9,7 @@ import pytest
 import yaml
 from crd_tools import CRD_FILE, crd_from_file, openapi_schema
 from rtj_operator import api, constants, crd_cli
+from rtj_operator.api.schema import model_type
 from rtj_operator.validation import structural_problems
 
 PRESERVE_UNKNOWN_ALLOWED = ("spec.volumes[*]", "spec.volumeMounts[*]", "spec.env[*].valueFrom")
@@ -144,7 +145,7 @@ def test_every_optional_spec_field_with_a_python_default_has_a_crd_default() -> 
             sub = node["properties"][key]
             if not info.is_required() and info.get_default(call_default_factory=True) is not None:
                 assert "default" in sub, f"{path}{key}"
-            nested = api._model_type(info.annotation)
+            nested = model_type(info.annotation)
             if nested is not None:
                 visit(nested, sub, f"{path}{key}.")
 

@@ -1,0 +1,162 @@
+"""The status models of ResilientTrainingJob: what the operator observed, written through /status.
+
+The models ignore unknown fields (other writers, such as kopf, may add theirs); the operator builds the
+status as plain dictionaries with the same JSON names.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+from pydantic import Field
+
+from rtj_operator.api.schema import DateTime, Int64, SchemaExtra, StatusModel
+
+
+class JobState(enum.StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ConditionStatus(enum.StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(StatusModel):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(description="type is Ready, Recovering, Suspended, Succeeded or Failed.")
+    status: ConditionStatus = Field(description="status is True, False or Unknown.")
+    reason: str | None = Field(
+        default=None, description="reason is a CamelCase word for the last transition."
+    )
+    message: str | None = Field(default=None, description="message is a sentence about the last transition.")
+    last_transition_time: DateTime | None = Field(
+        default=None, description="lastTransitionTime is when status last changed."
+    )
+    observed_generation: Int64 | None = Field(
+        default=None, description="observedGeneration is the spec generation the condition was set for."
+    )
+
+
+class PodStatus(StatusModel):
+    """One worker or spare pod as the operator last saw it."""
+
+    index: int = Field(description="index is the worker or spare index.")
+    role: str = Field(description="role is worker or spare.")
+    pod_name: str = Field(description="podName is the pod's name.")
+    node_name: str | None = Field(default=None, description="nodeName is the node the pod is bound to.")
+    state: str | None = Field(default=None, description="state is the pod's phase or a short summary of it.")
+
+
+class WorkersStatus(StatusModel):
+    """Counts of the job's pods."""
+
+    desired: int = Field(default=0, description="desired is spec.nodes.")
+    ready: int = Field(default=0, description="ready is the number of ready worker pods.")
+    ready_spares: int = Field(default=0, description="readySpares is the number of ready spare pods.")
+    ready_text: str | None = Field(default=None, description='readyText is "ready/desired", for kubectl.')
+    pods: list[PodStatus] = Field(
+        default_factory=list, description="pods are the job's worker and spare pods."
+    )
+
+
+class RestartsStatus(StatusModel):
+    """Restarts per recovery layer."""
+
+    in_process: int = Field(
+        default=0, description="inProcess counts NVRx in-process restarts (max over pods)."
+    )
+    in_job: int = Field(default=0, description="inJob counts ft_launcher worker restarts (max over pods).")
+    pod_replacement: int = Field(
+        default=0, description="podReplacement counts worker pods the operator replaced."
+    )
+    total: int = Field(default=0, description="total is the sum of the three.")
+
+
+class ExcludedNode(StatusModel):
+    """A node the job no longer schedules onto."""
+
+    node_name: str = Field(description="nodeName is the excluded node.")
+    reason: str | None = Field(default=None, description="reason says why it was excluded.")
+    time: DateTime | None = Field(default=None, description="time is when it was excluded.")
+
+
+class NodeFault(StatusModel):
+    """Faults the job saw on one node."""
+
+    node_name: str = Field(description="nodeName is the node.")
+    count: int = Field(default=0, description="count is the number of faults seen on it.")
+    last_reason: str | None = Field(default=None, description="lastReason is the newest fault's reason.")
+    last_time: DateTime | None = Field(default=None, description="lastTime is the newest fault's time.")
+
+
+class CheckpointStatus(StatusModel):
+    """The newest complete checkpoint."""
+
+    step: Int64 | None = Field(default=None, description="step is the checkpoint's training step.")
+    time: DateTime | None = Field(default=None, description="time is when it was committed.")
+
+
+class ProgressStatus(StatusModel):
+    """Training progress folded from the pods' reports."""
+
+    step: Int64 | None = Field(default=None, description="step is the newest training step any pod reported.")
+    step_time_seconds: float | None = Field(
+        default=None, description="stepTimeSeconds is the recent time per step."
+    )
+    goodput_percent: float | None = Field(
+        default=None,
+        description="goodputPercent is useful step time over wall time since training started, in percent.",
+    )
+    update_time: DateTime | None = Field(
+        default=None, description="updateTime is when progress was last reported."
+    )
+
+
+class ResilientTrainingJobStatus(StatusModel):
+    """The observed state of a ResilientTrainingJob, written by the operator."""
+
+    observed_generation: Int64 | None = Field(
+        default=None, description="observedGeneration is the spec generation the status describes."
+    )
+    state: JobState | None = Field(
+        default=None,
+        description="state is Pending, Running, Recovering, Suspended, Succeeded or Failed, derived from the "
+        "conditions for kubectl.",
+    )
+    conditions: Annotated[
+        list[Condition],
+        SchemaExtra({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
+    ] = Field(
+        default_factory=list, description="conditions are Ready, Recovering, Suspended, Succeeded, Failed."
+    )
+    start_time: DateTime | None = Field(
+        default=None, description="startTime is when the job's pods were first created."
+    )
+    completion_time: DateTime | None = Field(
+        default=None, description="completionTime is when the job finished."
+    )
+    workers: WorkersStatus | None = Field(
+        default=None, description="workers counts and lists the job's pods."
+    )
+    restarts: RestartsStatus | None = Field(default=None, description="restarts counts recoveries per layer.")
+    excluded_nodes: Annotated[
+        list[ExcludedNode],
+        SchemaExtra({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["nodeName"]}),
+    ] = Field(default_factory=list, description="excludedNodes are nodes the job no longer schedules onto.")
+    node_faults: Annotated[
+        list[NodeFault],
+        SchemaExtra({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["nodeName"]}),
+    ] = Field(default_factory=list, description="nodeFaults count faults per node.")
+    last_checkpoint: CheckpointStatus | None = Field(
+        default=None, description="lastCheckpoint is the newest complete checkpoint."
+    )
+    progress: ProgressStatus | None = Field(default=None, description="progress is the training progress.")
