@@ -236,3 +236,17 @@ def test_chart_crd_is_installed_by_helm() -> None:
     """Helm picks the CRD up from crds/ (loaded with the chart, outside the templates)."""
     crds = helm.Chart.load(CHART).crds
     assert [Path(crd["name"]).name for crd in crds] == sorted(path.name for path in CHART_CRDS.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("values_name", list(value_sets()))
+def test_operator_accepts_the_arguments_the_chart_passes(values_name: str) -> None:
+    from rtj_operator.main import build_parser
+
+    (container,) = one(render(value_sets()[values_name]), "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    args = build_parser().parse_args(container["args"])
+    watched = (value_sets()[values_name] or {}).get("watchNamespaces", [])
+    assert args.namespace == watched
+    assert args.all_namespaces is (not watched)
+    assert args.liveness == "http://0.0.0.0:8080/healthz"

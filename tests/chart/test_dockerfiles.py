@@ -7,12 +7,16 @@ numeric non-root user, an exec-form entrypoint, pinned base images, verified dow
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 from chart_support import HADOLINT, REPO
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 DOCKERFILES = {
     "operator": REPO / "Dockerfile",
@@ -142,3 +146,62 @@ def test_build_context_keeps_secrets_and_environments_out() -> None:
             if keyword == "COPY" and not args.startswith("--from"):
                 for source in args.split()[:-1]:
                     assert source.split("/")[0] in allowed, source
+
+
+def _runtime_closure(distribution: str) -> set[str]:
+    """Normalized names of a distribution and everything its non-extra requirements pull in."""
+    seen: set[str] = set()
+    pending = [distribution]
+    while pending:
+        name = canonicalize_name(pending.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        for line in importlib.metadata.requires(name) or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                pending.append(requirement.name)
+    return seen
+
+
+# Run in a fresh interpreter: any module whose distribution the operator image would not contain
+# raises ModuleNotFoundError, as it would there (optional imports degrade, hard ones fail).
+_IMAGE_IMPORT_PROBE = """
+import importlib.abc, importlib.metadata, json, sys
+
+allowed = set(json.loads(sys.argv[1]))
+owners = importlib.metadata.packages_distributions()
+normalize = lambda name: name.lower().replace("_", "-").replace(".", "-")
+
+
+class NotInImage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        top = name.partition(".")[0]
+        dists = owners.get(top)
+        if top in sys.stdlib_module_names or dists is None or {normalize(d) for d in dists} & allowed:
+            return None
+        raise ModuleNotFoundError(f"No module named {name!r} in the operator image", name=name)
+
+
+sys.meta_path.insert(0, NotInImage())
+import rtj_operator.cli, rtj_operator.handlers, rtj_operator.main
+
+rtj_operator.main.build_parser().parse_args(["--all-namespaces"])
+print(json.dumps(sorted({name.partition(".")[0] for name in sys.modules})))
+"""
+
+
+def test_operator_imports_nothing_beyond_what_its_image_installs() -> None:
+    """The operator image installs the wheel without extras: the operator must not need them."""
+    allowed = sorted(_runtime_closure("resilient-training-operator"))
+    result = subprocess.run(
+        [sys.executable, "-c", _IMAGE_IMPORT_PROBE, json.dumps(allowed)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = set(json.loads(result.stdout.splitlines()[-1]))
+    assert not imported & {"torch", "nvidia_resiliency_ext", "rtj_trainer", "rtj_localcluster", "rtj_demo"}
+    assert {"kopf", "kubernetes", "pydantic", "prometheus_client"} <= imported
