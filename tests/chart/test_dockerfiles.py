@@ -184,24 +184,42 @@ class NotInImage(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, NotInImage())
-import rtj_operator.cli, rtj_operator.handlers, rtj_operator.main
-
-rtj_operator.main.build_parser().parse_args(["--all-namespaces"])
+for module in sys.argv[2:]:
+    importlib.import_module(module)
 print(json.dumps(sorted({name.partition(".")[0] for name in sys.modules})))
 """
 
 
-def test_operator_imports_nothing_beyond_what_its_image_installs() -> None:
-    """The operator image installs the wheel without extras: the operator must not need them."""
-    allowed = sorted(_runtime_closure("resilient-training-operator"))
+def _import_in_image(allowed: set[str], *modules: str) -> set[str]:
+    """Import ``modules`` with only ``allowed`` distributions installed; the top-level modules loaded."""
     result = subprocess.run(
-        [sys.executable, "-c", _IMAGE_IMPORT_PROBE, json.dumps(allowed)],
+        [sys.executable, "-c", _IMAGE_IMPORT_PROBE, json.dumps(sorted(allowed)), *modules],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    imported = set(json.loads(result.stdout.splitlines()[-1]))
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+def test_operator_imports_nothing_beyond_what_its_image_installs() -> None:
+    """The operator image installs the wheel without extras: the operator must not need them."""
+    imported = _import_in_image(
+        _runtime_closure("resilient-training-operator"),
+        "rtj_operator.cli",
+        "rtj_operator.main",
+        "rtj_operator.handlers",
+    )
     assert not imported & {"torch", "nvidia_resiliency_ext", "rtj_trainer", "rtj_localcluster", "rtj_demo"}
     assert {"kopf", "kubernetes", "pydantic", "prometheus_client"} <= imported
+
+
+def test_trainer_imports_nothing_beyond_what_its_image_installs() -> None:
+    """The trainer image adds the wheel (no dependencies) and NVRx to NGC PyTorch (torch, psutil)."""
+    allowed = {canonicalize_name("resilient-training-operator")}
+    for distribution in ("torch", "nvidia-resiliency-ext", "psutil"):
+        allowed |= _runtime_closure(distribution)
+    imported = _import_in_image(allowed, "rtj_trainer.launch", "rtj_trainer.train")
+    assert {"torch", "rtj_trainer"} <= imported
+    assert not imported & {"kopf", "rtj_operator", "rtj_localcluster"}
