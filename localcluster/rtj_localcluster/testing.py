@@ -1,1 +1,116 @@
-"""pytest fixtures for tests that need a Kubernetes API: the embedded local cluster by default."""
+"""pytest fixtures for tests that need a Kubernetes API: the embedded local cluster by default.
+
+Registered for the whole suite by ``tests/conftest.py``. Fixtures:
+
+- ``local_cluster``: a fresh ``LocalCluster`` per test (2 ``p5.48xlarge`` nodes, node-monitor grace
+  4 s, heartbeat 0.5 s), for tests that inject faults. Change its settings with the marker
+  ``@pytest.mark.local_cluster(nodes=3, profile="cpu", node_monitor_grace_seconds=3)`` (any field
+  of ``LocalClusterSettings``). Skipped, with the reason, when ``RTJ_TEST_KUBECONFIG`` is set.
+- ``shared_local_cluster``: one ``LocalCluster`` for the session, for tests that only use the API
+  and the kubelet and leave the nodes alone.
+- ``kubeconfig``: the path of a kubeconfig: ``RTJ_TEST_KUBECONFIG`` when set (a real cluster), else
+  the shared local cluster's.
+
+Helpers: ``wait_for`` (poll until a condition holds, generous timeouts for loaded machines) and
+``kubectl`` (run the real kubectl against a kubeconfig).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from .cluster import LocalCluster, LocalClusterSettings
+
+T = TypeVar("T")
+
+REAL_CLUSTER_ENV = "RTJ_TEST_KUBECONFIG"
+DEFAULT_TEST_SETTINGS: dict[str, Any] = {
+    "nodes": 2,
+    "node_monitor_grace_seconds": 4.0,
+    "heartbeat_interval_seconds": 0.5,
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "local_cluster(**settings): LocalClusterSettings fields for the local_cluster fixture",
+    )
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    *,
+    timeout: float = 60.0,
+    interval: float = 0.1,
+    message: str = "condition",
+) -> T:
+    """Poll ``condition`` until it returns something truthy (returned), or fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {message} (last value: {last!r})")
+
+
+def kubectl(kubeconfig: str | os.PathLike[str], *args: str, check: bool = True, timeout: float = 120) -> str:
+    """Run kubectl with ``kubeconfig``; returns stdout (stderr is in the error when it fails)."""
+    result = subprocess.run(
+        ["kubectl", f"--kubeconfig={kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
+    return result.stdout
+
+
+@pytest.fixture
+def local_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalCluster]:
+    if os.environ.get(REAL_CLUSTER_ENV):
+        pytest.skip(
+            f"needs the embedded local cluster for fault injection ({REAL_CLUSTER_ENV} names a real cluster)"
+        )
+    marker = request.node.get_closest_marker("local_cluster")
+    settings = {**DEFAULT_TEST_SETTINGS, **(marker.kwargs if marker else {})}
+    cluster = LocalCluster(LocalClusterSettings(state_dir=tmp_path / "cluster", **settings))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    if os.environ.get(REAL_CLUSTER_ENV):
+        pytest.skip(f"needs the embedded local cluster ({REAL_CLUSTER_ENV} names a real cluster)")
+    cluster = LocalCluster(
+        LocalClusterSettings(state_dir=tmp_path_factory.mktemp("shared-cluster"), **DEFAULT_TEST_SETTINGS)
+    )
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def kubeconfig(request: pytest.FixtureRequest) -> Path:
+    real = os.environ.get(REAL_CLUSTER_ENV)
+    if real:
+        return Path(real)
+    cluster: LocalCluster = request.getfixturevalue("shared_local_cluster")
+    return cluster.kubeconfig_path

@@ -1,0 +1,399 @@
+"""``LocalCluster``: the embedded cluster put together, and the fault-injection API.
+
+Starts the API server (``rtj_localcluster.apiserver``), then in one background thread an asyncio
+loop running the shared informers (``client``), the scheduler, the node lifecycle controller
+(``nodes``), the volume binder (``volumes``), the DNS hosts-file writer (``dns``) and one process
+kubelet per simulated node (``kubelet``). All of them use the API server over HTTPS like their real
+counterparts. ``stop()`` kills every process the kubelets started (found by the cluster's mark in
+their environment, even those a launcher moved to a new session) and stops the server.
+
+Used by the pytest fixtures (``testing``), the CLI daemon (``cli``) and the demo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+
+from .client import ApiError, Informer, KubeClient, KubeConfig, path_for
+from .dns import HostsFileWriter
+from .kubelet import MARK_POD, IpAllocator, Kubelet, KubeletConfig, signal_marked
+from .nodes import PROFILES, NodeLifecycleController, node_object
+from .scheduler import DEFAULT_TOLERATION_SECONDS, Scheduler
+from .volumes import VolumeBinder, default_storage_class
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MARK_CLUSTER = "RTJ_LOCAL_CLUSTER_ID"
+INFORMED = (
+    "pods",
+    "nodes",
+    "leases",
+    "services",
+    "persistentvolumeclaims",
+    "persistentvolumes",
+    "storageclasses",
+)
+
+
+@dataclass
+class LocalClusterSettings:
+    """How the embedded cluster is built. Times are in seconds."""
+
+    state_dir: Path
+    """Where the API server's data, the kubeconfig, pod directories, logs and volumes live."""
+    nodes: int = 2
+    """Simulated nodes created at start, named ``<node_name_prefix>-<i>``."""
+    profile: str = "p5.48xlarge"
+    """Node profile of those nodes: a key of ``nodes.PROFILES`` (``p5.48xlarge`` or ``cpu``)."""
+    node_name_prefix: str = "node"
+    gpu_taint: bool = False
+    """Whether the nodes carry ``nvidia.com/gpu=present:NoSchedule`` (as EKS GPU node groups often do)."""
+    zones: tuple[str, ...] = ("local-1a",)
+    """``topology.kubernetes.io/zone`` values, given to the nodes round-robin."""
+    heartbeat_interval_seconds: float = 1.0
+    """How often each kubelet renews its Lease (a real kubelet: 10 s)."""
+    node_status_interval_seconds: float = 10.0
+    """How often each kubelet re-posts its Node status when nothing changed."""
+    node_monitor_grace_seconds: float = 40.0
+    """Lease age after which a node is marked Ready=Unknown (Kubernetes' node-monitor-grace-period:
+    40 s, 50 s from 1.32). Tests and the demo use 3-5 s."""
+    node_monitor_period_seconds: float = 0.5
+    """How often the lifecycle controller checks leases and evictions."""
+    default_toleration_seconds: int = DEFAULT_TOLERATION_SECONDS
+    """DefaultTolerationSeconds for pods without their own not-ready/unreachable tolerations (300)."""
+    restart_backoff_seconds: float = 1.0
+    """First delay before restarting a failed container; doubles per restart."""
+    max_restart_backoff_seconds: float = 10.0
+    """Cap of that delay (Kubernetes: 300 s; kept short so local rehearsals move on)."""
+    api_port: int = 0
+    """The API server's port on 127.0.0.1 (0: any free port)."""
+    bin_dir: Path = field(default_factory=lambda: Path(sys.executable).parent)
+    """Put first on every container's PATH: the environment whose programs the pods run."""
+    start_timeout_seconds: float = 120.0
+    """How long ``start()`` waits for the API server and every node to be Ready."""
+
+
+class LocalCluster:
+    """The embedded cluster; a context manager. Fault methods are safe to call from any thread."""
+
+    def __init__(self, settings: LocalClusterSettings) -> None:
+        if settings.profile not in PROFILES:
+            raise ValueError(f"unknown node profile {settings.profile!r}; known: {', '.join(PROFILES)}")
+        self.settings = settings
+        self.state_dir = Path(settings.state_dir).resolve()
+        self.cluster_id = uuid.uuid4().hex
+        self.api: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._kubelets: dict[str, Kubelet] = {}
+        self._informers: dict[str, Informer] = {}
+        self._client: KubeClient | None = None
+        self._ips = IpAllocator()
+        self._node_count = 0
+        self.start_seconds: float | None = None
+
+    # -- properties ----------------------------------------------------------------------------
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return Path(self.api.kubeconfig_path)
+
+    @property
+    def url(self) -> str:
+        return str(self.api.url)
+
+    @property
+    def hosts_file(self) -> Path:
+        return self.state_dir / "hosts"
+
+    @property
+    def node_names(self) -> list[str]:
+        return sorted(self._kubelets)
+
+    def pod_dir(self, namespace: str, name: str) -> Path | None:
+        """The directory of a running pod (its logs, volumes), if a kubelet runs it."""
+        for kubelet in self._kubelets.values():
+            worker = kubelet.find_worker(namespace, name)
+            if worker is not None:
+                return worker.dir
+        return None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        from .apiserver import ApiServer
+
+        started = time.monotonic()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.api = ApiServer(self.state_dir / "api", port=self.settings.api_port, log_root=self.state_dir)
+        self.api.start()
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(target=loop.run_forever, name="rtj-local-cluster", daemon=True)
+        self._thread.start()
+        try:
+            self._call(self._astart(), timeout=self.settings.start_timeout_seconds)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - started
+        log.info("local cluster up in %.2fs: %s", self.start_seconds, self.kubeconfig_path)
+
+    def stop(self) -> None:
+        """Kill every process the kubelets started, stop the controllers and the API server."""
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            with contextlib.suppress(Exception):
+                self._call(self._astop(), timeout=30)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            if not thread.is_alive():
+                loop.close()
+        self._loop = self._thread = None
+        self._sweep_processes()
+        if self.api is not None:
+            self.api.stop()
+            self.api = None
+
+    def _sweep_processes(self) -> None:
+        for proc in psutil.process_iter():
+            try:
+                env = proc.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                continue
+            if env.get(MARK_CLUSTER) == self.cluster_id and env.get(MARK_POD):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc.pid, signal.SIGKILL)
+
+    def _call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        if self._loop is None:
+            coroutine.close()
+            raise RuntimeError("the local cluster is not running")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def _token(self, namespace: str, account: str) -> str:
+        issue = getattr(self.api, "service_account_token", None)
+        if callable(issue):
+            return str(issue(namespace, account))
+        return self._client.config.token or "" if self._client else ""
+
+    async def _astart(self) -> None:
+        config = KubeConfig(self.kubeconfig_path)
+        self._client = KubeClient(config, user_agent="rtj-local-controllers")
+        for resource in INFORMED:
+            informer = Informer(self._client, resource)
+            self._informers[resource] = informer
+            self._spawn(informer.run(), f"informer {resource}")
+        for informer in self._informers.values():
+            await informer.synced()
+        with contextlib.suppress(ApiError):
+            await self._client.create(path_for("storageclasses"), default_storage_class())
+        informers = self._informers
+        self._spawn(HostsFileWriter(self.hosts_file, informers["pods"], informers["services"]).run(), "dns")
+        self._spawn(
+            Scheduler(
+                self._client,
+                informers["pods"],
+                informers["nodes"],
+                default_toleration_seconds=self.settings.default_toleration_seconds,
+            ).run(),
+            "scheduler",
+        )
+        self._spawn(
+            NodeLifecycleController(
+                self._client,
+                informers["nodes"],
+                informers["leases"],
+                informers["pods"],
+                grace_seconds=self.settings.node_monitor_grace_seconds,
+                period_seconds=self.settings.node_monitor_period_seconds,
+            ).run(),
+            "node-lifecycle",
+        )
+        self._spawn(
+            VolumeBinder(
+                self._client,
+                informers["persistentvolumeclaims"],
+                informers["persistentvolumes"],
+                informers["storageclasses"],
+                self.state_dir,
+            ).run(),
+            "volume-binder",
+        )
+        for _ in range(self.settings.nodes):
+            await self._add_node(None, self.settings.profile, self.settings.gpu_taint)
+        await self._wait_nodes_ready(list(self._kubelets))
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._tasks.append(task)
+
+    async def _astop(self) -> None:
+        for kubelet in self._kubelets.values():
+            kubelet.kill()
+        await asyncio.gather(*(kubelet.reap() for kubelet in self._kubelets.values()))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._client is not None:
+            await self._client.close()
+
+    async def _wait_nodes_ready(self, names: list[str]) -> None:
+        nodes = self._informers["nodes"]
+        while True:
+            ready = 0
+            for name in names:
+                node = nodes.get(name)
+                conditions = (node or {}).get("status", {}).get("conditions") or []
+                ready += any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+            if ready == len(names):
+                return
+            await asyncio.sleep(0.05)
+
+    async def _add_node(self, name: str | None, profile_name: str, gpu_taint: bool) -> str:
+        assert self._client is not None
+        if name is None:
+            while f"{self.settings.node_name_prefix}-{self._node_count}" in self._kubelets:
+                self._node_count += 1
+            name = f"{self.settings.node_name_prefix}-{self._node_count}"
+            self._node_count += 1
+        if name in self._kubelets and not self._kubelets[name].dead:
+            raise ValueError(f"node {name!r} already exists")
+        profile = PROFILES[profile_name]
+        zones = self.settings.zones
+        zone = zones[len(self._kubelets) % len(zones)]
+        config = KubeletConfig(
+            state_dir=self.state_dir,
+            api_host="127.0.0.1",
+            api_port=int(self.url.rsplit(":", 1)[1].split("/")[0]),
+            ca_path=Path(self.api.ca_path),
+            hosts_file=self.hosts_file,
+            bin_dir=self.settings.bin_dir,
+            heartbeat_interval_seconds=self.settings.heartbeat_interval_seconds,
+            node_status_interval_seconds=self.settings.node_status_interval_seconds,
+            restart_backoff_seconds=self.settings.restart_backoff_seconds,
+            max_restart_backoff_seconds=self.settings.max_restart_backoff_seconds,
+            token_for=self._token,
+            extra_env={MARK_CLUSTER: self.cluster_id},
+        )
+        kubelet = Kubelet(
+            name,
+            profile,
+            node_object(name, profile, zone=zone, gpu_taint=gpu_taint),
+            client=self._client,
+            pods=self._informers["pods"],
+            nodes=self._informers["nodes"],
+            config=config,
+            ips=self._ips,
+        )
+        await kubelet.register()
+        kubelet.start()
+        self._kubelets[name] = kubelet
+        return name
+
+    # -- faults (callable from any thread) -----------------------------------------------------
+
+    def _kubelet(self, name: str) -> Kubelet:
+        if name not in self._kubelets:
+            raise KeyError(f"no node {name!r}; nodes: {', '.join(self.node_names)}")
+        return self._kubelets[name]
+
+    def add_node(
+        self, name: str | None = None, *, profile: str | None = None, gpu_taint: bool | None = None
+    ) -> str:
+        """Register a new node (Ready once its kubelet posts status); returns its name."""
+        profile_name = profile or self.settings.profile
+        if profile_name not in PROFILES:
+            raise ValueError(f"unknown node profile {profile_name!r}")
+        taint = self.settings.gpu_taint if gpu_taint is None else gpu_taint
+
+        async def add() -> str:
+            added = await self._add_node(name, profile_name, taint)
+            await self._wait_nodes_ready([added])
+            return added
+
+        return self._call(add())
+
+    def kill_node(self, name: str) -> None:
+        """The machine dies: its pods' processes are SIGKILLed, heartbeats and status updates stop.
+        The API objects stay as they are; the lifecycle controller notices after the grace period."""
+        kubelet = self._kubelet(name)
+
+        async def kill() -> None:
+            kubelet.kill()
+
+        self._call(kill())
+
+    def partition_node(self, name: str) -> None:
+        """The node loses the API server: processes keep running, nothing is reported."""
+        kubelet = self._kubelet(name)
+
+        async def partition() -> None:
+            kubelet.partition()
+
+        self._call(partition())
+
+    def heal_node(self, name: str) -> None:
+        """End a partition: heartbeats resume, the node turns Ready again, status catches up."""
+        kubelet = self._kubelet(name)
+
+        async def heal() -> None:
+            kubelet.heal()
+
+        self._call(heal())
+
+    def delete_node(self, name: str) -> None:
+        """Kill the node and delete its Node object (pod GC then removes its pods)."""
+        kubelet = self._kubelet(name)
+
+        async def delete() -> None:
+            kubelet.kill()
+            assert self._client is not None
+            with contextlib.suppress(ApiError):
+                await self._client.delete(path_for("nodes", name=name))
+            self._kubelets.pop(name, None)
+
+        self._call(delete())
+
+    def kill_container(self, namespace: str, pod: str, container: str | None = None) -> int:
+        """SIGKILL a container's processes (all containers of the pod when None); the kubelet then
+        reports the exit and applies the restart policy. Returns how many processes were signalled."""
+        for kubelet in self._kubelets.values():
+            worker = kubelet.find_worker(namespace, pod)
+            if worker is not None:
+                return signal_marked(worker.uid, container, signal.SIGKILL)
+        raise KeyError(f"no running pod {namespace}/{pod}")
+
+    def node_ready_status(self, name: str) -> str | None:
+        """The Ready condition's status as the cluster's informer sees it (None: no such node)."""
+        node = self._informers["nodes"].get(name)
+        if node is None:
+            return None
+        for item in node.get("status", {}).get("conditions") or []:
+            if item.get("type") == "Ready":
+                return str(item.get("status"))
+        return None

@@ -1,0 +1,802 @@
+"""The process kubelet of one simulated node: registers the Node, renews its heartbeat Lease, and
+runs each container of the pods bound to it as a local process group.
+
+Per pod (``PodWorker``): a directory ``<state>/pods/<ns>_<pod>_<uid>/`` holding ``<container>.log``
+(read by the API server's ``pods/log``), volumes (PVC -> the bound PV's directory, emptyDir,
+hostPath, configMap/secret files), the service-account files and a working directory; a short
+per-pod ``TMPDIR`` (IPC socket paths must stay under 108 bytes); a loopback pod IP. Mount paths in
+env values, command/args and workingDir are rewritten to the real directories (``podenv``).
+Status (phase, conditions, containerStatuses) goes to ``pods/status``; deletion sends SIGTERM, then
+SIGKILL after the grace period, then finishes the delete with gracePeriodSeconds=0.
+
+Every process of a container carries ``RTJ_LOCAL_POD_UID``/``RTJ_LOCAL_CONTAINER`` in its
+environment: launchers such as torch elastic start workers in new sessions, so the kubelet finds a
+container's processes by that mark (like a cgroup) rather than by process group alone.
+
+Faults (``kill``, ``partition``, ``heal``, ``kill_container``) are driven by ``LocalCluster``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .client import ApiError, Informer, KubeClient, now_micro, now_rfc3339, path_for
+from .nodes import NODE_LEASE_NAMESPACE, NodeProfile, node_status, ready_condition
+from .podenv import (
+    SERVICE_ACCOUNT_DIR,
+    condition,
+    container_argv,
+    merge_conditions,
+    normalise_mounts,
+    pod_phase,
+    resolve_env,
+    rewrite_path,
+)
+
+log = logging.getLogger(__name__)
+
+MARK_POD = "RTJ_LOCAL_POD_UID"
+MARK_CONTAINER = "RTJ_LOCAL_CONTAINER"
+MARK_NODE = "RTJ_LOCAL_NODE"
+HOSTS_FILE_ENV = "RTJ_LOCAL_HOSTS_FILE"
+SITE_DIR = Path(__file__).parent / "podsite"
+# Host variables a pod must not inherit: they would point it at the host's cluster or test run.
+_HOST_ENV_DROPPED = ("KUBECONFIG", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "RTJ_TEST_KUBECONFIG")
+
+
+@dataclass
+class KubeletConfig:
+    """What every kubelet of a cluster shares."""
+
+    state_dir: Path
+    api_host: str
+    api_port: int
+    ca_path: Path
+    hosts_file: Path
+    bin_dir: Path
+    heartbeat_interval_seconds: float
+    node_status_interval_seconds: float
+    restart_backoff_seconds: float
+    max_restart_backoff_seconds: float
+    token_for: Callable[[str, str], str]
+    """(namespace, service account) -> the bearer token written into the pod."""
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Added to every container's environment (the cluster's own mark)."""
+
+
+class IpAllocator:
+    """Distinct loopback pod IPs 127.0.x.y (x >= 1: 127.0.0.x is left to the host's services)."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def allocate(self) -> str:
+        index = self._next
+        self._next += 1
+        return f"127.0.{1 + index // 254}.{1 + index % 254}"
+
+
+def signal_marked(uid: str, container: str | None, sig: int) -> int:
+    """Send ``sig`` to every process carrying the pod's (and container's) mark; returns how many."""
+    count = 0
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+        if env.get(MARK_POD) != uid or (container is not None and env.get(MARK_CONTAINER) != container):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc.pid, sig)
+            count += 1
+    return count
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class ContainerRuntime:
+    spec: dict[str, Any]
+    init: bool = False
+    restart_count: int = 0
+    process: asyncio.subprocess.Process | None = None
+    started_at: str | None = None
+    started_once: bool = False
+    will_restart: bool = False
+    waiting: tuple[str, str] = ("ContainerCreating", "")
+    terminated: dict[str, Any] | None = None
+    last_terminated: dict[str, Any] | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def name(self) -> str:
+        return str(self.spec["name"])
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    def status(self) -> dict[str, Any]:
+        state: dict[str, Any]
+        if self.running:
+            state = {"running": {"startedAt": self.started_at}}
+        elif self.terminated is not None and not self.will_restart:
+            state = {"terminated": self.terminated}
+        else:
+            reason, message = self.waiting
+            state = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+        result: dict[str, Any] = {
+            "name": self.name,
+            "image": self.spec.get("image", ""),
+            "imageID": "",
+            "ready": self.running and not self.init,
+            "started": self.running,
+            "restartCount": self.restart_count,
+            "state": state,
+            "lastState": {"terminated": self.last_terminated} if self.last_terminated else {},
+        }
+        if self.process is not None:
+            result["containerID"] = f"process://{self.process.pid}"
+        return result
+
+
+class PodWorker:
+    """Runs one pod: prepare volumes, run init containers then containers, report, terminate."""
+
+    def __init__(self, kubelet: Kubelet, pod: dict[str, Any]) -> None:
+        self.kubelet = kubelet
+        self.pod = pod
+        meta = pod["metadata"]
+        self.uid: str = meta["uid"]
+        self.namespace: str = meta["namespace"]
+        self.name: str = meta["name"]
+        self.dir = kubelet.config.state_dir / "pods" / f"{self.namespace}_{self.name}_{self.uid}"
+        self.tmp_dir: Path | None = None
+        self.pod_ip = ""
+        self.start_time = now_rfc3339()
+        spec = pod.get("spec", {})
+        self.restart_policy: str = spec.get("restartPolicy") or "Always"
+        self.init_containers = [
+            ContainerRuntime(dict(c), init=True) for c in spec.get("initContainers") or []
+        ]
+        self.containers = [ContainerRuntime(dict(c)) for c in spec.get("containers") or []]
+        self.initialized = not self.init_containers
+        self.failed_message: str | None = None
+        self.volumes: dict[str, str] = {}
+        self.terminating = asyncio.Event()
+        self.finished = False
+        self._dirty = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._terminate_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._run(), name=f"pod {self.name}"))
+        self._tasks.append(asyncio.create_task(self._status_writer(), name=f"status {self.name}"))
+        self._dirty.set()
+
+    def log_path(self, container: str) -> Path:
+        return self.dir / f"{container}.log"
+
+    async def _run(self) -> None:
+        try:
+            await self._prepare()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning("pod %s/%s cannot start: %s", self.namespace, self.name, error)
+            for c in self.containers:
+                c.waiting = ("CreateContainerConfigError", str(error))
+            self._dirty.set()
+            return
+        for init in self.init_containers:
+            if not await self._run_container(init):
+                self.failed_message = f"init container {init.name} failed"
+                self._dirty.set()
+                return
+        self.initialized = True
+        self._dirty.set()
+        await asyncio.gather(*(self._run_container(c) for c in self.containers))
+
+    async def _run_container(self, c: ContainerRuntime) -> bool:
+        """Run ``c`` until the restart policy stops it; True when its last run exited 0."""
+        backoff = self.kubelet.config.restart_backoff_seconds
+        while True:
+            code = await self._run_once(c)
+            if self.terminating.is_set():
+                return code == 0
+            again = self.restart_policy == "Always" and not c.init
+            again = again or (self.restart_policy in ("Always", "OnFailure") and code != 0)
+            if not again:
+                return code == 0
+            c.will_restart = True
+            c.waiting = ("CrashLoopBackOff", f"back-off {backoff:g}s restarting failed container {c.name}")
+            self._dirty.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.terminating.wait(), timeout=backoff)
+            if self.terminating.is_set():
+                c.will_restart = False
+                self._dirty.set()
+                return code == 0
+            backoff = min(backoff * 2, self.kubelet.config.max_restart_backoff_seconds)
+            c.restart_count += 1
+            c.last_terminated = c.terminated
+            # `kubectl logs --previous` reads the last instance's output from here.
+            with contextlib.suppress(OSError):
+                os.replace(self.log_path(c.name), self.dir / f"{c.name}.previous.log")
+
+    async def _run_once(self, c: ContainerRuntime) -> int:
+        try:
+            process = await self._spawn(c)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            stamp = now_rfc3339()
+            c.started_once = True
+            c.terminated = {
+                "exitCode": 128,
+                "reason": "ContainerCannotRun",
+                "message": str(error),
+                "startedAt": stamp,
+                "finishedAt": stamp,
+            }
+            self._dirty.set()
+            return 128
+        c.exited.clear()
+        c.process = process
+        c.started_at = now_rfc3339()
+        c.started_once = True
+        c.will_restart = False
+        c.terminated = None
+        self._dirty.set()
+        returncode = await process.wait()
+        # The container's main process is gone: like a runtime tearing down the container's
+        # cgroup, every other process of that container goes too.
+        await asyncio.to_thread(signal_marked, self.uid, c.name, signal.SIGKILL)
+        code = _exit_code(returncode)
+        c.terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": c.started_at,
+            "finishedAt": now_rfc3339(),
+            "containerID": f"process://{process.pid}",
+        }
+        if returncode < 0:
+            c.terminated["signal"] = -returncode
+        c.exited.set()
+        self._dirty.set()
+        return code
+
+    # -- preparation ---------------------------------------------------------------------------
+
+    async def _prepare(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "work").mkdir(exist_ok=True)
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"rtj-{self.uid[:8]}-"))
+        self.pod_ip = self.kubelet.ips.allocate()
+        self._dirty.set()
+        await self._write_service_account()
+        for volume in self.pod.get("spec", {}).get("volumes") or []:
+            self.volumes[volume["name"]] = await self._prepare_volume(volume)
+
+    async def _write_service_account(self) -> None:
+        spec = self.pod.get("spec", {})
+        target = self.dir / "serviceaccount"
+        target.mkdir(exist_ok=True)
+        account = spec.get("serviceAccountName") or "default"
+        (target / "token").write_text(self.kubelet.config.token_for(self.namespace, account))
+        (target / "namespace").write_text(self.namespace)
+        shutil.copyfile(self.kubelet.config.ca_path, target / "ca.crt")
+
+    async def _prepare_volume(self, volume: Mapping[str, Any]) -> str:
+        name = volume["name"]
+        own = self.dir / "volumes" / name
+        if "emptyDir" in volume:
+            medium = (volume["emptyDir"] or {}).get("medium")
+            if medium == "Memory" and self.tmp_dir is not None:
+                own = self.tmp_dir / "shm" / name  # a tmpfs-backed /tmp is the closest, and is cleaned up
+            own.mkdir(parents=True, exist_ok=True)
+            return str(own)
+        if "hostPath" in volume:
+            return _host_path(volume["hostPath"])
+        if "persistentVolumeClaim" in volume:
+            return await self._wait_for_claim(volume["persistentVolumeClaim"]["claimName"])
+        for kind, resource, key in (("configMap", "configmaps", "name"), ("secret", "secrets", "secretName")):
+            if kind in volume:
+                source = volume[kind] or {}
+                obj = await self._get_optional(resource, source.get(key, ""))
+                if obj is None and not source.get("optional"):
+                    raise RuntimeError(f"{kind} {source.get(key)!r} not found")
+                self._write_files(own, obj or {}, decode=kind == "secret", items=source.get("items"))
+                return str(own)
+        if "projected" in volume or "downwardAPI" in volume:
+            own.mkdir(parents=True, exist_ok=True)
+            return str(own)
+        raise RuntimeError(f"volume {name!r}: unsupported volume type")
+
+    async def _get_optional(self, resource: str, name: str) -> dict[str, Any] | None:
+        try:
+            result: dict[str, Any] = await self.kubelet.client.get(path_for(resource, self.namespace, name))
+            return result
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    @staticmethod
+    def _write_files(target: Path, obj: Mapping[str, Any], *, decode: bool, items: Any) -> None:
+        target.mkdir(parents=True, exist_ok=True)
+        files: dict[str, bytes] = {}
+        for key, value in (obj.get("data") or {}).items():
+            files[key] = base64.b64decode(value) if decode else str(value).encode()
+        for key, value in (obj.get("binaryData") or {}).items():
+            files[key] = base64.b64decode(value)
+        if items:
+            files = {
+                item.get("path", item["key"]): files[item["key"]] for item in items if item["key"] in files
+            }
+        for relative, content in files.items():
+            path = target / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+
+    async def _wait_for_claim(self, claim: str) -> str:
+        """The directory of the PV bound to ``claim``, waiting (ContainerCreating) until it is bound."""
+        while True:
+            pvc = await self._get_optional("persistentvolumeclaims", claim)
+            volume_name = (pvc or {}).get("spec", {}).get("volumeName")
+            if pvc is not None and volume_name and pvc.get("status", {}).get("phase") == "Bound":
+                pv = await self.kubelet.client.get(path_for("persistentvolumes", name=volume_name))
+                return str(volume_directory(pv, self.kubelet.config.state_dir))
+            for c in self.containers:
+                c.waiting = ("ContainerCreating", f"waiting for PersistentVolumeClaim {claim!r} to be bound")
+            self._dirty.set()
+            await asyncio.sleep(0.5)
+
+    def mounts_for(self, container: Mapping[str, Any]) -> list[tuple[str, str]]:
+        mounts: dict[str, str] = {}
+        if self.pod.get("spec", {}).get("automountServiceAccountToken") is not False:
+            mounts[SERVICE_ACCOUNT_DIR] = str(self.dir / "serviceaccount")
+        for mount in container.get("volumeMounts") or []:
+            real = self.volumes.get(mount["name"])
+            if real is None:
+                raise RuntimeError(f"volumeMount {mount['name']!r} names no volume of the pod")
+            if mount.get("subPath"):
+                real = str(Path(real) / mount["subPath"])
+                Path(real).mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = real
+        return normalise_mounts(mounts)
+
+    async def _sources(self, container: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        configmaps: dict[str, Any] = {}
+        secrets: dict[str, Any] = {}
+        refs: list[tuple[str, str]] = []
+        for source in container.get("envFrom") or []:
+            for kind in ("configMap", "secret"):
+                if source.get(f"{kind}Ref"):
+                    refs.append((kind, source[f"{kind}Ref"].get("name", "")))
+        for item in container.get("env") or []:
+            for kind in ("configMap", "secret"):
+                ref = (item.get("valueFrom") or {}).get(f"{kind}KeyRef")
+                if ref:
+                    refs.append((kind, ref.get("name", "")))
+        for kind, name in refs:
+            store, resource = (configmaps, "configmaps") if kind == "configMap" else (secrets, "secrets")
+            obj = await self._get_optional(resource, name)
+            if obj is not None:
+                store[name] = obj
+        return configmaps, secrets
+
+    def _base_env(self, container_name: str) -> dict[str, str]:
+        config = self.kubelet.config
+        env = {k: v for k, v in os.environ.items() if k not in _HOST_ENV_DROPPED}
+        env["PATH"] = f"{config.bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
+        existing = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = f"{SITE_DIR}{os.pathsep}{existing}" if existing else str(SITE_DIR)
+        env["TMPDIR"] = str(self.tmp_dir)
+        env["HOME"] = str(self.dir / "work")
+        env["HOSTNAME"] = self.pod.get("spec", {}).get("hostname") or self.name
+        env["KUBERNETES_SERVICE_HOST"] = config.api_host
+        env["KUBERNETES_SERVICE_PORT"] = str(config.api_port)
+        env["KUBERNETES_SERVICE_PORT_HTTPS"] = str(config.api_port)
+        env[HOSTS_FILE_ENV] = str(config.hosts_file)
+        env["RTJ_LOCAL_POD_NAMESPACE"] = self.namespace
+        env.update(config.extra_env)
+        env[MARK_POD] = self.uid
+        env[MARK_CONTAINER] = container_name
+        env[MARK_NODE] = self.kubelet.name
+        return env
+
+    async def _spawn(self, c: ContainerRuntime) -> asyncio.subprocess.Process:
+        mounts = self.mounts_for(c.spec)
+        configmaps, secrets = await self._sources(c.spec)
+        env = resolve_env(
+            c.spec,
+            self.pod,
+            base=self._base_env(c.name),
+            pod_ip=self.pod_ip,
+            host_ip=self.kubelet.host_ip,
+            configmaps=configmaps,
+            secrets=secrets,
+            node_allocatable=self.kubelet.profile.resources,
+            mounts=mounts,
+        )
+        # The identity marks must survive a user env that happens to reuse the names.
+        env.update(self.kubelet.config.extra_env)
+        env.update({MARK_POD: self.uid, MARK_CONTAINER: c.name, MARK_NODE: self.kubelet.name})
+        argv = container_argv(c.spec, env, mounts)
+        working_dir = c.spec.get("workingDir")
+        cwd = Path(rewrite_path(working_dir, mounts)) if working_dir else self.dir / "work"
+        cwd.mkdir(parents=True, exist_ok=True)
+        with self.log_path(c.name).open("ab") as log_file:
+            return await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=str(cwd),
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    # -- status --------------------------------------------------------------------------------
+
+    def build_status(self) -> dict[str, Any]:
+        now = now_rfc3339()
+        if self.failed_message is not None:
+            phase = "Failed"
+        else:
+            phase = pod_phase(
+                [
+                    (
+                        c.started_once,
+                        None if c.running else (c.terminated or {}).get("exitCode"),
+                        c.will_restart,
+                    )
+                    for c in self.containers
+                ]
+            )
+        terminal = phase in ("Succeeded", "Failed")
+        all_running = bool(self.containers) and all(c.running for c in self.containers)
+        ready = all_running and not self.terminating.is_set()
+        not_ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
+        wanted = [
+            condition("PodReadyToStartContainers", bool(self.pod_ip), now),
+            condition(
+                "Initialized", self.initialized, now, None if self.initialized else "ContainersNotInitialized"
+            ),
+            condition("Ready", ready, now, None if ready else not_ready_reason),
+            condition("ContainersReady", ready, now, None if ready else not_ready_reason),
+            condition("PodScheduled", True, now),
+        ]
+        status: dict[str, Any] = {
+            "phase": phase,
+            "conditions": merge_conditions(self.pod.get("status", {}).get("conditions") or [], wanted),
+            "hostIP": self.kubelet.host_ip,
+            "hostIPs": [{"ip": self.kubelet.host_ip}],
+            "startTime": self.start_time,
+            "containerStatuses": [c.status() for c in self.containers],
+            "qosClass": "BestEffort",
+        }
+        if self.init_containers:
+            status["initContainerStatuses"] = [c.status() for c in self.init_containers]
+        if self.pod_ip:
+            status["podIP"] = self.pod_ip
+            status["podIPs"] = [{"ip": self.pod_ip}]
+        if self.failed_message:
+            status["message"] = self.failed_message
+        return status
+
+    async def _status_writer(self) -> None:
+        while True:
+            await self._dirty.wait()
+            await self.kubelet.connected.wait()
+            self._dirty.clear()
+            await self.write_status()
+            # Coalesce bursts of changes (several containers starting at once) into one patch.
+            await asyncio.sleep(0.05)
+
+    async def write_status(self) -> None:
+        status = self.build_status()
+        try:
+            updated = await self.kubelet.client.patch(
+                path_for("pods", self.namespace, self.name, "status"), {"status": status}
+            )
+            if isinstance(updated, dict):
+                self.pod = updated
+        except ApiError as error:
+            if error.status != 404:
+                log.warning("pod %s/%s status update failed: %s", self.namespace, self.name, error)
+                self._dirty.set()
+        except Exception as error:
+            log.warning("pod %s/%s status update failed: %s", self.namespace, self.name, error)
+            self._dirty.set()
+
+    # -- termination ---------------------------------------------------------------------------
+
+    def request_termination(self, grace_seconds: float) -> None:
+        if self._terminate_task is None:
+            self._terminate_task = asyncio.create_task(self._terminate(grace_seconds))
+
+    async def _terminate(self, grace_seconds: float) -> None:
+        self.terminating.set()
+        self._dirty.set()
+        for c in [*self.init_containers, *self.containers]:
+            if c.running and c.process is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(c.process.pid, signal.SIGTERM)
+        running = [c.exited.wait() for c in [*self.init_containers, *self.containers] if c.running]
+        if running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*running), timeout=max(grace_seconds, 0.0))
+        await asyncio.to_thread(signal_marked, self.uid, None, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(t for t in self._tasks if t.get_name().startswith("pod "))), 10
+            )
+        await self.kubelet.connected.wait()
+        await self.write_status()
+        try:
+            await self.kubelet.client.delete(
+                path_for("pods", self.namespace, self.name), grace_period_seconds=0
+            )
+        except ApiError as error:
+            if error.status != 404:
+                log.warning("pod %s/%s final delete failed: %s", self.namespace, self.name, error)
+        self.stop()
+
+    def kill_now(self) -> None:
+        """SIGKILL everything of this pod at once (node death, or the pod was force-deleted)."""
+        for c in [*self.init_containers, *self.containers]:
+            if c.process is not None and c.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(c.process.pid, signal.SIGKILL)
+        signal_marked(self.uid, None, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Forget the pod: cancel its tasks and remove its temporary directory (logs stay)."""
+        self.finished = True
+        for task in self._tasks:
+            task.cancel()
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+
+def _host_path(source: Mapping[str, Any]) -> str:
+    host = Path(source["path"])
+    if source.get("type") in ("DirectoryOrCreate", None, "") and not host.exists():
+        with contextlib.suppress(OSError):
+            host.mkdir(parents=True, exist_ok=True)
+    return str(host)
+
+
+def volume_directory(pv: Mapping[str, Any], state_dir: Path) -> Path:
+    """Where a PV's data lives on this machine: its hostPath/local path, else a directory per PV
+    (CSI volumes such as FSx for Lustre map there)."""
+    spec = pv.get("spec", {})
+    for key in ("hostPath", "local"):
+        if spec.get(key, {}).get("path"):
+            path = Path(spec[key]["path"])
+            break
+    else:
+        path = state_dir / "volumes" / pv["metadata"]["name"]
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class Kubelet:
+    """One node: registration, heartbeats, and the pods bound to it."""
+
+    def __init__(
+        self,
+        name: str,
+        profile: NodeProfile,
+        node: dict[str, Any],
+        *,
+        client: KubeClient,
+        pods: Informer,
+        nodes: Informer,
+        config: KubeletConfig,
+        ips: IpAllocator,
+        host_ip: str = "127.0.0.1",
+    ) -> None:
+        self.name = name
+        self.profile = profile
+        self.node = node
+        self.client = client
+        self.pods = pods
+        self.nodes = nodes
+        self.config = config
+        self.ips = ips
+        self.host_ip = host_ip
+        self.connected = asyncio.Event()
+        self.connected.set()
+        self.dead = False
+        self.workers: dict[str, PodWorker] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        pods.subscribe(self._wake.set)
+
+    async def register(self) -> None:
+        try:
+            created = await self.client.create(path_for("nodes"), self.node)
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            meta = self.node["metadata"]
+            created = await self.client.patch(
+                path_for("nodes", name=self.name),
+                {"metadata": {"labels": meta["labels"]}, "spec": self.node["spec"]},
+            )
+        await self._post_status()
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": self.name,
+                "namespace": NODE_LEASE_NAMESPACE,
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": created["metadata"]["uid"]}
+                ],
+            },
+            "spec": {"holderIdentity": self.name, "leaseDurationSeconds": 40, "renewTime": now_micro()},
+        }
+        try:
+            await self.client.create(path_for("leases", NODE_LEASE_NAMESPACE), lease)
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            await self._renew_lease()
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._heartbeat(), name=f"heartbeat {self.name}"),
+            asyncio.create_task(self._sync_loop(), name=f"kubelet {self.name}"),
+        ]
+
+    async def _post_status(self) -> None:
+        status = node_status(self.profile, ready=True, host_ip=self.host_ip)
+        current = self.nodes.get(self.name)
+        if current is not None:
+            status["conditions"] = merge_conditions(
+                (current.get("status") or {}).get("conditions") or [], status["conditions"]
+            )
+            for item in status["conditions"]:
+                item["lastHeartbeatTime"] = now_rfc3339()
+        await self.client.patch(path_for("nodes", name=self.name, subresource="status"), {"status": status})
+
+    async def _renew_lease(self) -> None:
+        await self.client.patch(
+            path_for("leases", NODE_LEASE_NAMESPACE, self.name), {"spec": {"renewTime": now_micro()}}
+        )
+
+    async def _heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_status = loop.time()
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_seconds)
+            await self.connected.wait()
+            try:
+                await self._renew_lease()
+                node = self.nodes.get(self.name)
+                ready = ready_condition(node) if node else None
+                stale = loop.time() - last_status >= self.config.node_status_interval_seconds
+                if node is not None and (stale or ready is None or ready.get("status") != "True"):
+                    await self._post_status()
+                    last_status = loop.time()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.warning("node %s heartbeat failed: %s", self.name, error)
+
+    async def _sync_loop(self) -> None:
+        await self.pods.synced()
+        while True:
+            await self.connected.wait()
+            self._wake.clear()
+            try:
+                self.sync()
+            except Exception:
+                log.exception("kubelet %s sync failed", self.name)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=2)
+
+    def sync(self) -> None:
+        mine = {
+            p["metadata"]["uid"]: p
+            for p in self.pods.items()
+            if p.get("spec", {}).get("nodeName") == self.name
+        }
+        for uid, pod in mine.items():
+            worker = self.workers.get(uid)
+            deleting = pod["metadata"].get("deletionTimestamp")
+            if worker is None:
+                if deleting:
+                    # Never started here (or started by an earlier kubelet): nothing to stop.
+                    task = asyncio.create_task(self._finish_delete(pod))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+                    continue
+                if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                    continue
+                worker = PodWorker(self, pod)
+                self.workers[uid] = worker
+                worker.start()
+                continue
+            worker.pod = pod
+            if deleting:
+                grace = pod["metadata"].get("deletionGracePeriodSeconds")
+                if grace is None:
+                    grace = pod.get("spec", {}).get("terminationGracePeriodSeconds", 30)
+                worker.request_termination(float(grace))
+        for uid in list(self.workers):
+            if uid not in mine:
+                # Force-deleted (or deleted by pod GC): the processes must not outlive the pod.
+                worker = self.workers.pop(uid)
+                if not worker.finished:
+                    worker.kill_now()
+                    worker.stop()
+
+    async def _finish_delete(self, pod: Mapping[str, Any]) -> None:
+        meta = pod["metadata"]
+        with contextlib.suppress(ApiError):
+            await self.client.delete(
+                path_for("pods", meta["namespace"], meta["name"]), grace_period_seconds=0
+            )
+
+    def find_worker(self, namespace: str, name: str) -> PodWorker | None:
+        for worker in self.workers.values():
+            if worker.namespace == namespace and worker.name == name and not worker.finished:
+                return worker
+        return None
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """The machine dies: every process SIGKILLed, no more heartbeats, status or deletes."""
+        self.dead = True
+        self.connected.clear()
+        for task in self._tasks:
+            task.cancel()
+        for worker in self.workers.values():
+            worker.kill_now()
+            worker.stop()
+            if worker._terminate_task is not None:
+                worker._terminate_task.cancel()
+        task = asyncio.create_task(self.reap())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def reap(self) -> None:
+        """Collect the exit of every process this kubelet started (after a kill nobody else waits)."""
+        for worker in self.workers.values():
+            for c in [*worker.init_containers, *worker.containers]:
+                if c.process is not None:
+                    with contextlib.suppress(TimeoutError, ProcessLookupError):
+                        await asyncio.wait_for(c.process.wait(), timeout=10)
+
+    def partition(self) -> None:
+        """Cut the node off the API server: processes keep running, nothing is reported."""
+        self.connected.clear()
+
+    def heal(self) -> None:
+        if not self.dead:
+            self.connected.set()
+            self._wake.set()

@@ -1,0 +1,1 @@
+"""The directory the process kubelet puts first on every pod's PYTHONPATH (see ``sitecustomize``)."""
