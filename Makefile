@@ -18,9 +18,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[trainer,local,dev]'
 	touch $(STAMP)
 
-$(CHECKOV): | $(STAMP)
-	python3 -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/python -m pip install --quiet checkov==3.3.30
+$(CHECKOV): scripts/checkov-requirements.txt | $(STAMP)
+	test -x $(CHECKOV_VENV)/bin/python || python3 -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet -r scripts/checkov-requirements.txt
+	touch $(CHECKOV)
 
 setup: $(STAMP) $(CHECKOV)
 
