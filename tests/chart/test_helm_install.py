@@ -119,3 +119,49 @@ def test_helm_install_creates_the_operator_and_its_rbac_and_uninstall_keeps_the_
         ):
             kubectl(kubeconfig, "delete", *args, "--ignore-not-found", "--wait=false", check=False)
         config.close()
+
+
+@pytest.mark.slow
+def test_documented_upgrade_applies_the_crd_then_moves_rbac_to_the_watched_namespaces(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    """docs/install.md's upgrade: `kubectl apply --server-side -f crds/`, then `helm upgrade`."""
+    suffix = uuid.uuid4().hex[:6]
+    release, namespace, watched = f"rtj-{suffix}", f"rtj-system-{suffix}", f"team-{suffix}"
+    fullname = f"{release}-resilient-training-operator"
+    base = {"networkPolicy": {"enabled": served(kubeconfig, "networking.k8s.io", "networkpolicies")}}
+    manifest = tmp_path / "namespace.json"
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": watched}}))
+    kubectl(kubeconfig, "apply", "-f", str(manifest))
+    config = helm.Config(kubeconfig_path=kubeconfig, namespace=namespace, storage_driver="memory")
+    try:
+        config.install(CHART, release, base, namespace=namespace, create_namespace=True, timeout=120)
+        assert exists(kubeconfig, "clusterrolebinding", fullname)
+
+        applied = kubectl(kubeconfig, "apply", "--server-side", "-f", str(CHART / "crds"))
+        assert CRD_NAME in applied
+        upgraded = config.upgrade(
+            CHART, release, {**base, "watchNamespaces": [watched]}, namespace=namespace, timeout=120
+        )
+        assert upgraded["revision"] == 2 and upgraded["status"] == "deployed"
+
+        wait_for(
+            lambda: not exists(kubeconfig, "clusterrolebinding", fullname),
+            timeout=120,
+            message="the cluster-wide binding to go",
+        )
+        assert exists(kubeconfig, "role", fullname, "-n", watched)
+        assert exists(kubeconfig, "rolebinding", fullname, "-n", watched)
+        assert exists(kubeconfig, "clusterrole", f"{fullname}-cluster")
+        deployment = get_json(kubeconfig, "deployment", fullname, "-n", namespace)
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--namespace={watched}" in args and "--all-namespaces" not in args
+        config.uninstall(release, timeout=120)
+    finally:
+        for args in (
+            ["clusterrole", f"{fullname}-cluster", fullname],
+            ["clusterrolebinding", f"{fullname}-cluster", fullname],
+            ["namespace", namespace, watched],
+        ):
+            kubectl(kubeconfig, "delete", *args, "--ignore-not-found", "--wait=false", check=False)
+        config.close()
