@@ -267,7 +267,14 @@ class Trainer:
         self.memory.rank, self.memory.world_size = self.rank, self.world_size
         perm = transition_table(self.cfg)
         steps = self.args.steps
-        log.info("rank %d: iteration %d resumes at step %d from %s", self.rank, iteration, start, source)
+        log.info(
+            "rank %d: iteration %d resumes at step %d from %s (pid %d)",
+            self.rank,
+            iteration,
+            start,
+            source,
+            os.getpid(),
+        )
         resumed_step = start
         for step in range(start, steps):
             self.current_step = step

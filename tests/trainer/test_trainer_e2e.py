@@ -1,0 +1,78 @@
+"""Two ft_launcher "nodes" x 2 processes on loopback train a real FSDP model, and each injected fault
+is recovered by the layer meant for it, resuming at the right step."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from pathlib import Path
+
+import pytest
+from rtj_trainer import checkpoint
+from trainer_launch_support import run_two_nodes
+
+pytestmark = pytest.mark.slow
+
+
+def _epoch(rfc3339: str) -> float:
+    return dt.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+RESUME = re.compile(r"rank (\d+): iteration (\d+) resumes at step (\d+) from (\w+) \(pid (\d+)\)")
+
+
+def test_two_nodes_train_converge_and_commit_the_final_checkpoint(tmp_path: Path) -> None:
+    run = run_two_nodes(tmp_path, steps=40)
+    assert run.returncodes == [0, 0], run.logs
+    for node in (0, 1):
+        reports = run.node(node)
+        assert reports[-1]["finished"] is True and reports[-1]["step"] == 40
+        first_loss = reports[0]["loss"]
+        assert reports[-1]["loss"] < 0.5 * first_loss < math.log(64)
+        assert reports[-1]["restarts"] == {"inProcess": 0, "inJob": 0}
+        assert reports[-1]["lastCheckpoint"]["step"] == 40
+    final = checkpoint.newest_complete(tmp_path / "checkpoints", 4)
+    assert final is not None and final.step == 40
+
+
+def test_each_fault_is_recovered_by_its_layer(tmp_path: Path) -> None:
+    run = run_two_nodes(
+        tmp_path,
+        steps=55,
+        faults="exception@step=12,rank=1;sigkill@step=27,rank=2;hang@step=42,rank=3",
+    )
+    assert run.returncodes == [0, 0], run.logs[0][-3000:]
+    logs = "\n".join(run.logs)
+
+    # The exception: every rank restarts in the same process and resumes from memory at step 12.
+    resumes = [(int(r), int(i), int(s), src, int(pid)) for r, i, s, src, pid in RESUME.findall(logs)]
+    rank1 = [r for r in resumes if r[0] == 1]
+    first_process = rank1[0][4]
+    in_process = [r for r in rank1 if r[1] == 1]
+    assert in_process and in_process[0][2:] == (12, "memory", first_process)
+
+    # The SIGKILL and the hang: ft_launcher restarts the workers (new processes), which resume from
+    # the newest checkpoint before the fault: 20 (interval 10, killed at 27) and 40 (hung at 42).
+    later = [r for r in rank1 if r[4] != first_process]
+    assert sorted({(r[2], r[3]) for r in later}) == [(20, "checkpoint"), (40, "checkpoint")]
+
+    for node in (0, 1):
+        final = run.final(node)
+        assert final["finished"] is True and final["step"] == 55
+        events = [(e["kind"], e["step"], e["resumedFrom"], e["stepsLost"]) for e in final["events"]]
+        assert events == [
+            ("InProcessRestart", 12, "memory", 0),
+            ("InJobRestart", 20, "checkpoint", 7),
+            ("InJobRestart", 40, "checkpoint", 2),
+        ]
+        assert final["restarts"]["inProcess"] == 1 and final["restarts"]["inJob"] == 2
+        for event in final["events"]:
+            assert 0 < event["recoverySeconds"] < 120
+        # Useful time counts the steps kept, not recoveries nor the steps a fault threw away.
+        wall = _epoch(final["time"]) - _epoch(final["trainStartTime"])
+        recovering = sum(e["recoverySeconds"] for e in final["events"])
+        assert 0 < final["usefulStepSeconds"] < wall - recovering / 2
+    # One log line per recovery and node.
+    assert logs.count("rtj-recovery: kind=InProcessRestart") == 2
+    assert logs.count("rtj-recovery: kind=InJobRestart") == 4

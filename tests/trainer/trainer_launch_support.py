@@ -1,0 +1,104 @@
+"""Run ``rtj-launch`` as two "nodes" on loopback (each its own TMPDIR), the way two worker pods would."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclasses.dataclass
+class Run:
+    returncodes: list[int]
+    logs: list[str]
+    progress: list[dict[str, Any]]
+
+    def node(self, node_rank: int) -> list[dict[str, Any]]:
+        return [r for r in self.progress if r["nodeRank"] == node_rank]
+
+    def final(self, node_rank: int) -> dict[str, Any]:
+        return self.node(node_rank)[-1]
+
+
+def run_two_nodes(
+    workdir: Path,
+    *,
+    steps: int,
+    faults: str = "",
+    interval: int = 10,
+    nproc: int = 2,
+    heartbeat_timeout: float = 5,
+    timeout: float = 420,
+    extra_env: dict[str, str] | None = None,
+    train_args: tuple[str, ...] = (),
+) -> Run:
+    port = free_port()
+    base = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "RTJ_RDZV_HOST": "127.0.0.1",
+        "RTJ_RDZV_PORT": str(port),
+        "RTJ_NNODES": "2",
+        "RTJ_NPROC_PER_NODE": str(nproc),
+        "RTJ_JOB_UID": f"test-{port}",
+        "RTJ_CHECKPOINT_DIR": str(workdir / "checkpoints"),
+        "RTJ_CHECKPOINT_INTERVAL_STEPS": str(interval),
+        "RTJ_PROGRESS_SINK": f"file:{workdir / 'progress.jsonl'}",
+        "RTJ_PROGRESS_INTERVAL_SECONDS": "0.5",
+        "RTJ_FT_HEARTBEAT_TIMEOUT_SECONDS": str(heartbeat_timeout),
+        "RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS": "120",
+        "RTJ_FT_MONITOR_INTERVAL_SECONDS": "1",
+        "RTJ_MAX_RESTARTS": "5",
+        "RTJ_FAULTS": faults,
+        "OMP_NUM_THREADS": "1",
+        **(extra_env or {}),
+    }
+    procs: list[subprocess.Popen[bytes]] = []
+    log_paths: list[Path] = []
+    try:
+        for node in (0, 1):
+            tmp = workdir / f"tmp{node}"
+            tmp.mkdir(parents=True)
+            log_path = workdir / f"node{node}.log"
+            log_paths.append(log_path)
+            with open(log_path, "wb") as log_file:
+                procs.append(
+                    subprocess.Popen(
+                        [str(BIN / "rtj-launch"), "--", "rtj-train", "--steps", str(steps), *train_args],
+                        env={**base, "TMPDIR": str(tmp), "RTJ_NODE_RANK": str(node)},
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # one process group per "node", killed as a whole
+                    )
+                )
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    progress_file = workdir / "progress.jsonl"
+    records = (
+        [json.loads(line) for line in progress_file.read_text().splitlines()]
+        if progress_file.exists()
+        else []
+    )
+    return Run([p.returncode for p in procs], [p.read_text(errors="replace") for p in log_paths], records)
