@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 from crd_tools import crd_errors, openapi_schema
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rtj_operator import api, render
 from rtj_operator.validation import apply_defaults
@@ -122,3 +122,92 @@ def test_the_crd_accepts_every_job_parse_job_accepts(body: dict[str, Any]) -> No
 
     defaulted = apply_defaults(openapi_schema(), body)
     assert api.parse_job(defaulted) == api.parse_job(body)
+
+
+# Hypothesis favours the first entries: the cross-field timeouts come first, the name last.
+LEAVES = [
+    "spec.faultTolerance.heartbeatTimeoutSeconds",
+    "spec.faultTolerance.inProcess.hardTimeoutSeconds",
+    "spec.image",
+    "spec.imagePullPolicy",
+    "spec.nodes",
+    "spec.hotSpares",
+    "spec.processesPerNode",
+    "spec.instanceType",
+    "spec.suspend",
+    "spec.resources.cpu",
+    "spec.resources.gpus",
+    "spec.rendezvous.port",
+    "spec.checkpoint.intervalSteps",
+    "spec.checkpoint.keep",
+    "spec.checkpoint.mode",
+    "spec.checkpoint.mountPath",
+    "spec.checkpoint.retentionPolicy",
+    "spec.checkpoint.storage.dynamic.capacity",
+    "spec.faultTolerance.initialHeartbeatTimeoutSeconds",
+    "spec.faultTolerance.monitorIntervalSeconds",
+    "spec.faultTolerance.inProcess.enabled",
+    "spec.faultTolerance.inProcess.softTimeoutSeconds",
+    "spec.failurePolicy.nodeLossGraceSeconds",
+    "spec.failurePolicy.repeatOffenderThreshold",
+    "metadata.name",
+]
+SAMPLE_STRINGS = ("", "a", "Async", "Sync", "Delete", "IfNotPresent", "cpu", "p5.48xlarge", "m7i.large")
+SAMPLE_STRINGS += ("/ckpt", "ckpt", "1Gi", "500m", "lots", "x" * 60, "job-1", "Job_1", "0")
+# Mostly plausible values, so that both outcomes are common.
+ANY_VALUE = st.one_of(
+    st.integers(1, 600),
+    st.integers(1, 600),
+    st.integers(-10, 70000),
+    st.booleans(),
+    st.sampled_from(SAMPLE_STRINGS),
+)
+
+
+def _get(obj: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return _MISSING
+        obj = obj[part]
+    return obj
+
+
+def _put(obj: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        obj = obj.setdefault(part, {})
+    if value is _MISSING:
+        obj.pop(last, None)
+    else:
+        obj[last] = value
+
+
+_MISSING = object()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    body=jobs(),
+    donor=jobs(),
+    leaves=st.lists(st.sampled_from(LEAVES), min_size=1, max_size=4, unique=True),
+    garbage=st.one_of(st.none(), st.tuples(st.sampled_from(LEAVES), ANY_VALUE)),
+)
+def test_parse_job_and_the_crd_agree_on_what_is_valid(
+    body: dict[str, Any], donor: dict[str, Any], leaves: list[str], garbage: tuple[str, Any] | None
+) -> None:
+    # Values from another valid job are plausible one by one and break cross-field rules now and then;
+    # an occasional arbitrary value breaks types and bounds.
+    for path in leaves:
+        _put(body, path, _get(donor, path))
+    if garbage is not None:
+        _put(body, *garbage)
+    crd = crd_errors(body)
+    event("rejected" if crd else "accepted")
+    try:
+        api.parse_job(body)
+    except api.JobValidationError as error:
+        assert crd, f"only parse_job rejects: {error}"
+        # Both name at least one common field.
+        assert set(error.paths) & {path for path, _ in crd}, (error.problems, crd)
+    else:
+        assert not crd, f"only the CRD rejects: {crd}"
