@@ -416,6 +416,9 @@ class PodWorker:
         env["KUBERNETES_SERVICE_PORT"] = str(config.api_port)
         env["KUBERNETES_SERVICE_PORT_HTTPS"] = str(config.api_port)
         env[HOSTS_FILE_ENV] = str(config.hosts_file)
+        # Programs that cannot see the mount-path rewriting (a constant in code, not an env value)
+        # find the service-account files through this (rtj_trainer.progress reads it).
+        env["RTJ_SERVICE_ACCOUNT_DIR"] = str(self.dir / "serviceaccount")
         env["RTJ_LOCAL_POD_NAMESPACE"] = self.namespace
         env.update(config.extra_env)
         env[MARK_POD] = self.uid

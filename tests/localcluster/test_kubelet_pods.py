@@ -78,6 +78,7 @@ print(json.dumps({
     "cwd": os.getcwd(),
     "tmp": os.environ["TMPDIR"],
     "token": open(os.environ["SA"] + "/token").read() != "",
+    "sa_dirs": [os.environ["SA"], os.environ["RTJ_SERVICE_ACCOUNT_DIR"]],
     "api": os.environ["KUBERNETES_SERVICE_HOST"] + ":" + os.environ["KUBERNETES_SERVICE_PORT"],
 }))
 """
@@ -157,6 +158,7 @@ def test_pod_runs_as_a_process_with_volume_env_dns_and_logs(
     assert report["ip"].startswith("127.0.")
     assert report["peer"] == report["peer_short"] == peer["status"]["podIP"] != report["ip"]
     assert report["token"] is True
+    assert report["sa_dirs"][0] == report["sa_dirs"][1] != "/var/run/secrets/kubernetes.io/serviceaccount"
     assert report["api"] == cluster.url.removeprefix("https://")
     assert len(report["tmp"]) < 40  # short enough for Unix socket paths below it
 
