@@ -170,47 +170,47 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int | None) -
     ft = spec.fault_tolerance
     ip = ft.in_process
     ckpt = spec.checkpoint
-    plain: list[tuple[str, str]] = [
-        ("RTJ_JOB_NAME", job.name),
-        ("RTJ_NAMESPACE", job.namespace),
-        ("RTJ_JOB_UID", uid),
-        ("RTJ_ROLE", role),
+    c = constants
+    env: list[dict[str, Any]] = [
+        {"name": c.ENV_JOB_NAME, "value": job.name},
+        {"name": c.ENV_NAMESPACE, "value": job.namespace},
+        {"name": c.ENV_JOB_UID, "value": uid},
+        {"name": c.ENV_ROLE, "value": role},
+        {"name": c.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": c.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": c.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
+    plain: list[tuple[str, str]] = []
     if index is not None:
-        plain.append(("RTJ_NODE_RANK", str(index)))
+        plain.append((c.ENV_NODE_RANK, str(index)))
     plain += [
-        ("RTJ_NNODES", str(spec.nodes)),
-        ("RTJ_NNODES_MAX", str(spec.nodes)),
-        ("RTJ_NPROC_PER_NODE", str(processes_per_node(spec))),
-        ("RTJ_RDZV_HOST", rendezvous_host(job)),
-        ("RTJ_RDZV_PORT", str(spec.rendezvous.port)),
-        ("RTJ_CHECKPOINT_DIR", checkpoint_dir(job)),
-        ("RTJ_CHECKPOINT_INTERVAL_STEPS", str(ckpt.interval_steps)),
-        ("RTJ_CHECKPOINT_KEEP", str(ckpt.keep)),
-        ("RTJ_CHECKPOINT_MODE", ckpt.mode.value),
-        ("RTJ_FT_HEARTBEAT_TIMEOUT_SECONDS", str(ft.heartbeat_timeout_seconds)),
-        ("RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS", str(ft.initial_heartbeat_timeout_seconds)),
-        ("RTJ_FT_MONITOR_INTERVAL_SECONDS", str(ft.monitor_interval_seconds)),
-        ("RTJ_MAX_RESTARTS", str(ft.max_in_job_restarts)),
-        ("RTJ_INPROCESS_ENABLED", "true" if ip.enabled else "false"),
-        ("RTJ_INPROCESS_MAX_ITERATIONS", str(ip.max_iterations)),
-        ("RTJ_INPROCESS_SOFT_TIMEOUT_SECONDS", str(ip.soft_timeout_seconds)),
-        ("RTJ_INPROCESS_HARD_TIMEOUT_SECONDS", str(ip.hard_timeout_seconds)),
-        ("RTJ_INPROCESS_BARRIER_TIMEOUT_SECONDS", str(ip.barrier_timeout_seconds)),
-        ("RTJ_PROGRESS_SINK", PROGRESS_SINK_DEFAULT),
+        (c.ENV_NNODES, str(spec.nodes)),
+        # Spares stay outside the rendezvous, so the most nodes in it is spec.nodes.
+        (c.ENV_NNODES_MAX, str(spec.nodes)),
+        (c.ENV_NPROC_PER_NODE, str(processes_per_node(spec))),
+        (c.ENV_RDZV_HOST, rendezvous_host(job)),
+        (c.ENV_RDZV_PORT, str(spec.rendezvous.port)),
+        (c.ENV_CHECKPOINT_DIR, checkpoint_dir(job)),
+        (c.ENV_CHECKPOINT_INTERVAL_STEPS, str(ckpt.interval_steps)),
+        (c.ENV_CHECKPOINT_KEEP, str(ckpt.keep)),
+        (c.ENV_CHECKPOINT_MODE, ckpt.mode.value),
+        (c.ENV_FT_HEARTBEAT_TIMEOUT_SECONDS, str(ft.heartbeat_timeout_seconds)),
+        (c.ENV_FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS, str(ft.initial_heartbeat_timeout_seconds)),
+        (c.ENV_FT_MONITOR_INTERVAL_SECONDS, str(ft.monitor_interval_seconds)),
+        (c.ENV_MAX_RESTARTS, str(ft.max_in_job_restarts)),
+        (c.ENV_INPROCESS_ENABLED, "true" if ip.enabled else "false"),
+        (c.ENV_INPROCESS_MAX_ITERATIONS, str(ip.max_iterations)),
+        (c.ENV_INPROCESS_SOFT_TIMEOUT_SECONDS, str(ip.soft_timeout_seconds)),
+        (c.ENV_INPROCESS_HARD_TIMEOUT_SECONDS, str(ip.hard_timeout_seconds)),
+        (c.ENV_INPROCESS_BARRIER_TIMEOUT_SECONDS, str(ip.barrier_timeout_seconds)),
+        (c.ENV_PROGRESS_SINK, PROGRESS_SINK_DEFAULT),
     ]
     sizing = resolve_sizing(spec.instance_type, spec.resources)
     if sizing.efa_adapters > 0:
         plain += list(EFA_ENV)
     if sizing.gpus > 0:
         plain += list(NCCL_ENV)
-    env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in plain[:4]]
-    env += [
-        {"name": "RTJ_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "RTJ_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "RTJ_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-    ]
-    env += [{"name": name, "value": value} for name, value in plain[4:]]
+    env += [{"name": name, "value": value} for name, value in plain]
     # The user's entries win on a name clash: drop ours rather than rely on "last one wins".
     overridden = {var.name for var in spec.env}
     env = [var for var in env if var["name"] not in overridden]

@@ -312,3 +312,11 @@ def test_profiles_and_overrides() -> None:
     pod = render.render_worker_pod(custom, 0)
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"memory": "700Gi"}
     assert profiles.processes_per_node(job(processesPerNode=4).spec) == 4
+
+
+def test_the_operator_and_the_trainer_name_the_same_environment() -> None:
+    assert set(constants.ENV_CONTRACT) == set(trainer_env.CONTRACT_NAMES)
+    assert len(constants.ENV_CONTRACT) == len(set(constants.ENV_CONTRACT))
+    # Everything but the user's fault plan is rendered on a worker.
+    rendered = {e["name"] for e in render.render_worker_pod(job(), 0)["spec"]["containers"][0]["env"]}
+    assert set(constants.ENV_CONTRACT) - rendered == {constants.ENV_FAULTS}
