@@ -249,7 +249,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     """Register the operator's handlers on `registry` (one registry per operator instance)."""
     group, version, plural = constants.GROUP, constants.VERSION, constants.PLURAL
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(id="configure", registry=registry)
     def configure(**kwargs: Any) -> None:
         settings: kopf.OperatorSettings = kwargs["settings"]
         memo: OperatorContext = kwargs["memo"]
@@ -275,7 +275,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if memo.metrics_port is not None and metrics.start_server(memo.metrics_port):
             logger.info("metrics on :%d/metrics", memo.metrics_port)
 
-    @kopf.on.login(registry=registry)
+    @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo:
         memo: OperatorContext = kwargs["memo"]
         config = memo.kube.configuration
@@ -297,15 +297,15 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     # -- indexes: what reconcile reads without an API call --
 
-    @kopf.index(group, version, plural, registry=registry)
+    @kopf.index(group, version, plural, id="jobs_index", registry=registry)
     def jobs_index(**kwargs: Any) -> Any:
         return {(kwargs["namespace"], kwargs["name"]): _plain(kwargs["body"])}
 
-    @kopf.index("pods", labels={constants.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    @kopf.index("pods", labels={constants.LABEL_JOB: kopf.PRESENT}, id="pods_index", registry=registry)
     def pods_index(**kwargs: Any) -> Any:
         return {(kwargs["namespace"], kwargs["labels"][constants.LABEL_JOB]): _plain(kwargs["body"])}
 
-    @kopf.index("nodes", registry=registry)
+    @kopf.index("nodes", id="nodes_index", registry=registry)
     def nodes_index(**kwargs: Any) -> Any:
         return {kwargs["name"]: _plain(kwargs["body"])}
 
@@ -322,21 +322,21 @@ def register(registry: kopf.OperatorRegistry) -> None:
     def job_key(kwargs: Mapping[str, Any]) -> JobKey:
         return (str(kwargs["namespace"]), str(kwargs["name"]))
 
-    @kopf.on.resume(group, version, plural, registry=registry)
-    @kopf.on.create(group, version, plural, registry=registry)
-    @kopf.on.update(group, version, plural, field="spec", registry=registry)
+    @kopf.on.resume(group, version, plural, id="job_resumed", registry=registry)
+    @kopf.on.create(group, version, plural, id="job_created", registry=registry)
+    @kopf.on.update(group, version, plural, field="spec", id="job_updated", registry=registry)
     async def job_changed(**kwargs: Any) -> None:
         memo: OperatorContext = kwargs["memo"]
         remember(memo, kwargs)
         await trigger(memo, job_key(kwargs), ensure_base=True)
 
-    @kopf.timer(group, version, plural, interval=TIMER_INTERVAL_SECONDS, registry=registry)
+    @kopf.timer(group, version, plural, interval=TIMER_INTERVAL_SECONDS, id="job_timer", registry=registry)
     async def job_timer(**kwargs: Any) -> None:
         memo: OperatorContext = kwargs["memo"]
         remember(memo, kwargs)
         await trigger(memo, job_key(kwargs))
 
-    @kopf.on.delete(group, version, plural, registry=registry)
+    @kopf.on.delete(group, version, plural, id="job_deleted", registry=registry)
     async def job_deleted(**kwargs: Any) -> None:
         memo: OperatorContext = kwargs["memo"]
         remember(memo, kwargs)
@@ -368,13 +368,13 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     # -- what the jobs' pods and the nodes do --
 
-    @kopf.on.event("pods", labels={constants.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    @kopf.on.event("pods", labels={constants.LABEL_JOB: kopf.PRESENT}, id="pod_event", registry=registry)
     async def pod_event(**kwargs: Any) -> None:
         memo: OperatorContext = kwargs["memo"]
         remember(memo, kwargs)
         await trigger(memo, (str(kwargs["namespace"]), kwargs["labels"][constants.LABEL_JOB]))
 
-    @kopf.on.event("nodes", registry=registry)
+    @kopf.on.event("nodes", id="node_event", registry=registry)
     async def node_event(**kwargs: Any) -> None:
         memo: OperatorContext = kwargs["memo"]
         remember(memo, kwargs)
