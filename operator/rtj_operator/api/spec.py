@@ -41,13 +41,24 @@ QUANTITY_PATTERN: str = (
 
 
 # Every string has a maxLength: the API server's CEL cost estimate needs one.
-Name = Annotated[str, Strict(), Field(min_length=1, max_length=253)]
+# Kubernetes' name grammars (apimachinery validation): DNS labels and subdomains, qualified names (label
+# and annotation keys: an optional DNS-subdomain prefix and a name), label values.
+DNS_LABEL_PATTERN: str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN: str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+QUALIFIED_NAME_PATTERN: str = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+LABEL_VALUE_PATTERN: str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+Name = Annotated[str, Strict(), Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
 OptionalName = Annotated[str, Strict(), Field(max_length=253)]
-DnsLabel = Annotated[str, Strict(), Field(min_length=1, max_length=63)]
+DnsLabel = Annotated[str, Strict(), Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
 Quantity = Annotated[str, Strict(), Field(max_length=64, pattern=QUANTITY_PATTERN)]
-LabelKey = Annotated[str, Strict(), Field(min_length=1, max_length=317)]
+LabelKey = Annotated[str, Strict(), Field(min_length=1, max_length=317, pattern=QUALIFIED_NAME_PATTERN)]
 TaintKey = Annotated[str, Strict(), Field(max_length=317)]
-LabelValue = Annotated[str, Strict(), Field(max_length=63)]
+LabelValue = Annotated[str, Strict(), Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+InstanceTypeName = Annotated[str, Strict(), Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)]
 AnnotationValue = Annotated[str, Strict(), Field(max_length=4096)]
 Arg = Annotated[str, Strict(), Field(max_length=4096)]
 Image = Annotated[str, Strict(), Field(min_length=1, max_length=1024)]
@@ -605,7 +616,7 @@ class ResilientTrainingJobSpec(ApiModel):
         description="hotSpares is the number of warm spare pods that hold nodes for fast replacement; they "
         "stay outside the rendezvous. Optional; default: 0.",
     )
-    instance_type: Annotated[DnsLabel, Immutable()] = Field(
+    instance_type: Annotated[InstanceTypeName, Immutable()] = Field(
         default="p5.48xlarge",
         description="instanceType is the node.kubernetes.io/instance-type the pods run on; p5.48xlarge, "
         "p5e.48xlarge, p5en.48xlarge, p4d.24xlarge and cpu have built-in sizing, any other type needs "
