@@ -95,6 +95,8 @@ class StatusModel(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, validate_by_name=True, validate_by_alias=True, extra="ignore"
     )
+    # Status is observation: the CRD declares no defaults for it (Python keeps its convenient ones).
+    crd_defaults: ClassVar[bool] = False
 
 
 def _all_metadata(info: FieldInfo) -> list[Any]:
@@ -219,7 +221,7 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
             node.update(info.json_schema_extra)
         if info.is_required():
             required.append(key)
-        else:
+        elif getattr(model, "crd_defaults", True):
             default = _default_value(info)
             if default is not None:
                 node["default"] = default
