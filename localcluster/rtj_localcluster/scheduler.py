@@ -1,8 +1,9 @@
 """The local cluster's scheduler: the pure fit rules, and the controller that binds pods.
 
-``node_fit_failures(pod, node, pods_on_node)`` is the whole placement policy as a pure function
-(Ready, unschedulable, taints vs tolerations, nodeSelector, required node affinity, resource
-requests vs allocatable); ``choose_node`` ranks the nodes that fit. ``Scheduler`` watches pods and
+``node_fit_failures(pod, node, pods_on_node)`` and ``inter_pod_affinity_failures`` are the whole
+placement policy as pure functions (Ready, unschedulable, taints vs tolerations, nodeSelector,
+required node affinity, resource requests vs allocatable, required pod (anti-)affinity by topology
+domain); ``choose_node`` ranks the nodes that fit. ``Scheduler`` watches pods and
 nodes through the shared informers of ``rtj_localcluster.client`` and binds through the
 ``pods/binding`` subresource, like kube-scheduler; pods that fit nowhere keep
 ``PodScheduled=False/Unschedulable`` plus a ``FailedScheduling`` event and are retried whenever a
@@ -177,6 +178,80 @@ def node_fit_failures(pod: Obj, node: Obj, pods_on_node: Iterable[Obj]) -> list[
     return failures
 
 
+def label_selector_matches(selector: Obj | None, labels: Mapping[str, str]) -> bool:
+    """A metav1.LabelSelector; an empty selector matches everything, a missing one nothing."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    return all(_label_matches(e, labels) for e in selector.get("matchExpressions") or [])
+
+
+def _term_selects(term: Obj, owner: Obj, other: Obj) -> bool:
+    """Whether ``other`` is selected by ``term`` of a pod ``owner`` (namespaces default to owner's)."""
+    namespaces = set(term.get("namespaces") or [])
+    other_ns = other.get("metadata", {}).get("namespace")
+    if term.get("namespaceSelector") == {}:
+        pass  # an empty namespaceSelector selects every namespace
+    elif namespaces:
+        if other_ns not in namespaces:
+            return False
+    elif other_ns != owner.get("metadata", {}).get("namespace"):
+        return False
+    return label_selector_matches(term.get("labelSelector"), other.get("metadata", {}).get("labels") or {})
+
+
+def _required_terms(pod: Obj, kind: str) -> list[Obj]:
+    affinity = (pod.get("spec", {}).get("affinity") or {}).get(kind) or {}
+    return list(affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+
+
+def inter_pod_affinity_failures(
+    pod: Obj, node: Obj, nodes: Mapping[str, Obj], pods: Iterable[Obj]
+) -> list[str]:
+    """Required pod affinity and anti-affinity of ``pod`` on ``node`` given the placed ``pods``, and
+    the anti-affinity of those pods against ``pod`` (symmetry), by topology domain."""
+    uid = pod.get("metadata", {}).get("uid")
+    node_labels = node.get("metadata", {}).get("labels") or {}
+    placed = [
+        (p, nodes[p["spec"]["nodeName"]])
+        for p in pods
+        if p.get("spec", {}).get("nodeName") in nodes
+        and not is_terminated(p)
+        and p.get("metadata", {}).get("uid") != uid
+    ]
+
+    def same_domain(key: str, other_node: Obj) -> bool:
+        value = node_labels.get(key)
+        return value is not None and (other_node.get("metadata", {}).get("labels") or {}).get(key) == value
+
+    failures: list[str] = []
+    for term in _required_terms(pod, "podAntiAffinity"):
+        key = term.get("topologyKey", "")
+        if any(_term_selects(term, pod, other) and same_domain(key, where) for other, where in placed):
+            failures.append("node(s) didn't satisfy pod anti-affinity rules")
+            break
+    for other, where in placed:
+        for term in _required_terms(other, "podAntiAffinity"):
+            if _term_selects(term, other, pod) and same_domain(term.get("topologyKey", ""), where):
+                failures.append("node(s) didn't satisfy existing pods anti-affinity rules")
+                break
+        else:
+            continue
+        break
+    for term in _required_terms(pod, "podAffinity"):
+        key = term.get("topologyKey", "")
+        matching = [(other, where) for other, where in placed if _term_selects(term, pod, other)]
+        if any(same_domain(key, where) for _, where in matching):
+            continue
+        # The first pod of a group that selects itself may go anywhere the topology key exists.
+        if not matching and _term_selects(term, pod, pod) and key in node_labels:
+            continue
+        failures.append("node(s) didn't match pod affinity rules")
+        break
+    return failures
+
+
 def choose_node(
     pod: Obj, nodes: Sequence[Obj], pods_by_node: Mapping[str, Sequence[Obj]]
 ) -> tuple[str | None, str]:
@@ -187,10 +262,13 @@ def choose_node(
     """
     fitting: list[tuple[int, str]] = []
     reasons: Counter[str] = Counter()
+    by_name = {n["metadata"]["name"]: n for n in nodes}
+    everywhere = [p for placed in pods_by_node.values() for p in placed]
     for node in nodes:
         name = node["metadata"]["name"]
         on_node = pods_by_node.get(name, [])
         failures = node_fit_failures(pod, node, on_node)
+        failures += inter_pod_affinity_failures(pod, node, by_name, everywhere)
         if failures:
             reasons.update(set(failures))
         else:

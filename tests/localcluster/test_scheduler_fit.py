@@ -9,6 +9,7 @@ from rtj_localcluster.nodes import PROFILES, node_object, node_status
 from rtj_localcluster.scheduler import (
     choose_node,
     default_tolerations,
+    inter_pod_affinity_failures,
     node_fit_failures,
     pod_requests,
     toleration_matches,
@@ -283,3 +284,98 @@ def test_toleration_effect_must_match_when_given() -> None:
     taint = {"key": "k", "value": "v", "effect": "NoExecute"}
     assert not toleration_matches({"key": "k", "operator": "Exists", "effect": "NoSchedule"}, taint)
     assert toleration_matches({"key": "k", "operator": "Exists"}, taint)
+
+
+def placed(
+    uid: str, node: str, labels: dict[str, str], namespace: str = "default", **spec: Any
+) -> dict[str, Any]:
+    pod = make_pod(uid, **spec)
+    pod["metadata"]["labels"] = labels
+    pod["metadata"]["namespace"] = namespace
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": "Running"}
+    return pod
+
+
+def anti(selector: dict[str, Any], key: str = "kubernetes.io/hostname", **extra: Any) -> dict[str, Any]:
+    term = {"labelSelector": selector, "topologyKey": key, **extra}
+    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+
+def together(selector: dict[str, Any], key: str = "kubernetes.io/hostname") -> dict[str, Any]:
+    term = {"labelSelector": selector, "topologyKey": key}
+    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+
+JOB = {"matchLabels": {"job": "j"}}
+ZONE = "topology.kubernetes.io/zone"
+
+INTER_POD_CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], str | None]] = [
+    # (case, incoming pod's affinity, pods placed on node-0 (the candidate) or node-1, expected)
+    ("anti-affinity: no peer anywhere", anti(JOB), [], None),
+    ("anti-affinity: peer on the node", anti(JOB), [placed("a", "node-0", {"job": "j"})], "anti-affinity"),
+    ("anti-affinity: peer on another node", anti(JOB), [placed("a", "node-1", {"job": "j"})], None),
+    (
+        "anti-affinity by zone: peer on another node of the zone",
+        anti(JOB, ZONE),
+        [placed("a", "node-1", {"job": "j"})],
+        "anti-affinity",
+    ),
+    ("anti-affinity: other labels", anti(JOB), [placed("a", "node-0", {"job": "k"})], None),
+    ("anti-affinity: other namespace", anti(JOB), [placed("a", "node-0", {"job": "j"}, namespace="x")], None),
+    (
+        "anti-affinity: listed namespace",
+        anti(JOB, namespaces=["x"]),
+        [placed("a", "node-0", {"job": "j"}, namespace="x")],
+        "anti-affinity",
+    ),
+    (
+        "anti-affinity with matchExpressions",
+        anti({"matchExpressions": [{"key": "job", "operator": "In", "values": ["j", "k"]}]}),
+        [placed("a", "node-0", {"job": "k"})],
+        "anti-affinity",
+    ),
+    (
+        "existing pod's anti-affinity repels the incoming pod",
+        {},
+        [placed("a", "node-0", {"x": "y"}, affinity=anti({"matchLabels": {"job": "j"}}))],
+        "existing pods anti-affinity",
+    ),
+    ("affinity: peer on the node", together(JOB), [placed("a", "node-0", {"job": "j"})], None),
+    ("affinity: peer elsewhere only", together(JOB), [placed("a", "node-1", {"job": "j"})], "pod affinity"),
+    ("affinity: first of a self-selecting group", together({"matchLabels": {"job": "j"}}), [], None),
+    (
+        "affinity: nothing matches and not self-selecting",
+        together({"matchLabels": {"app": "db"}}),
+        [],
+        "pod affinity",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "pod_affinity", "pods", "expected"), INTER_POD_CASES, ids=[c[0] for c in INTER_POD_CASES]
+)
+def test_inter_pod_affinity_rule(
+    case: str, pod_affinity: dict[str, Any], pods: list[dict[str, Any]], expected: str | None
+) -> None:
+    nodes = {"node-0": make_node("node-0"), "node-1": make_node("node-1")}  # same zone: local-1a
+    pod = make_pod("incoming", affinity=pod_affinity) if pod_affinity else make_pod("incoming")
+    pod["metadata"]["labels"] = {"job": "j"}
+    failures = inter_pod_affinity_failures(pod, nodes["node-0"], nodes, pods)
+    if expected is None:
+        assert failures == []
+    else:
+        assert any(expected in failure for failure in failures), failures
+
+
+def test_choose_node_spreads_workers_of_a_job_by_anti_affinity() -> None:
+    nodes = [make_node("node-0"), make_node("node-1")]
+    first = placed("w0", "node-1", {"job": "j"}, affinity=anti(JOB))
+    incoming = make_pod("w1", affinity=anti(JOB))
+    incoming["metadata"]["labels"] = {"job": "j"}
+    assert choose_node(incoming, nodes, {"node-1": [first]}) == ("node-0", "")
+    third = placed("w2", "node-0", {"job": "j"}, affinity=anti(JOB))
+    name, message = choose_node(incoming, nodes, {"node-1": [first], "node-0": [third]})
+    assert name is None
+    assert "anti-affinity" in message
