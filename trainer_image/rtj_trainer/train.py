@@ -170,6 +170,7 @@ class Trainer:
         self.heartbeats = Heartbeats()
         self.memory = Memory()
         self.current_step = 0
+        self.loop_started: float | None = None  # the first step of this process
         self.in_job_restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
         now = time.time()
@@ -280,6 +281,8 @@ class Trainer:
             self.current_step = step
             self.faults.maybe_fire(step)
             started = time.perf_counter()
+            if self.loop_started is None:
+                self.loop_started = started
             inputs, targets = batch_for_step(self.cfg, step, self.rank, perm)
             logits = model(inputs.to(self.device))
             loss = torch.nn.functional.cross_entropy(
@@ -397,6 +400,17 @@ class Trainer:
         self.progress.step = steps
         self.progress.finished = True
         self.reporter.report(self.progress, force=True)
+        if self.rank == 0:
+            loop = time.perf_counter() - (self.loop_started or time.perf_counter())
+            stats = self.ckpt.stats
+            # One line for scripts (bench/trainer_bench.py): this process's loop, final commit included.
+            print(
+                f"rtj-train: finished steps={steps} loop_seconds={loop:.3f} "
+                f"useful_step_seconds={self.memory.useful_seconds:.3f} "
+                f"checkpoint_blocking_seconds={stats.total_blocking_seconds:.3f} saves={stats.saves} "
+                f"mode={'Async' if self.ckpt.asynchronous else 'Sync'}",
+                flush=True,
+            )
 
     def close(self) -> None:
         self.ckpt.close()
