@@ -1,0 +1,87 @@
+"""The CRD on a cluster (the embedded local one, or RTJ_TEST_KUBECONFIG's), through the real kubectl.
+
+The cluster stores a job with exactly the defaults the schema declares (what parse_job fills in), prints
+the promised columns, answers to the short name and the category, and rejects an invalid job with a
+message naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from crd_tools import CRD_FILE, REPO, load_example, openapi_schema
+from rtj_localcluster.testing import kubectl
+from rtj_operator import api
+from rtj_operator.validation import apply_defaults
+
+pytestmark = pytest.mark.slow
+
+
+def _write(tmp_path: Path, name: str, obj: dict) -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(obj), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture
+def namespace(kubeconfig: Path, tmp_path: Path):
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/resilienttrainingjobs.resilient.training",
+            "--timeout=120s")  # fmt: skip
+    name = f"rtj-api-{uuid.uuid4().hex[:8]}"
+    # `apply` of a manifest rather than `kubectl create namespace` (which sends protobuf).
+    ns_manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    kubectl(kubeconfig, "apply", "-f", _write(tmp_path, "namespace.yaml", ns_manifest))
+    try:
+        yield name
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", name, "--wait=false", check=False)
+
+
+def test_a_job_is_stored_with_the_schemas_defaults(kubeconfig: Path, tmp_path: Path, namespace: str) -> None:
+    job = load_example(REPO / "examples" / "local-cpu.yaml")
+    job["metadata"] = {"name": "defaults", "namespace": namespace}
+    job["spec"]["suspend"] = True  # an operator watching this cluster must not start training
+    kubectl(kubeconfig, "apply", "-f", _write(tmp_path, "job.yaml", job))
+    stored = json.loads(kubectl(kubeconfig, "get", "rtj", "defaults", "-n", namespace, "-o", "json"))
+    assert stored["spec"] == apply_defaults(openapi_schema(), job)["spec"]
+    assert api.parse_job(stored).spec == api.parse_job(job).spec
+    table = kubectl(kubeconfig, "get", "resilient-training", "-n", namespace)
+    header = table.splitlines()[0].split()
+    assert header == [
+        "NAME",
+        "STATE",
+        "NODES",
+        "RESTARTS",
+        "STEP",
+        "CHECKPOINT",
+        "CHECKPOINTED",
+        "GOODPUT",
+        "AGE",
+    ]
+    assert table.splitlines()[1].startswith("defaults ")
+
+
+def test_an_invalid_job_is_rejected_naming_the_field(
+    kubeconfig: Path, tmp_path: Path, namespace: str
+) -> None:
+    job = load_example(REPO / "examples" / "local-cpu.yaml")
+    job["metadata"] = {"name": "invalid", "namespace": namespace}
+    job["spec"]["nodes"] = 0
+    job["spec"]["checkpoint"]["mode"] = "Lazy"
+    result = subprocess.run(
+        ["kubectl", f"--kubeconfig={kubeconfig}", "apply", "-f", _write(tmp_path, "bad.yaml", job)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode != 0, result.stdout
+    assert "spec.nodes" in result.stderr and "spec.checkpoint.mode" in result.stderr, result.stderr
+    missing = kubectl(kubeconfig, "get", "rtj", "invalid", "-n", namespace, "--ignore-not-found")
+    assert missing == ""
