@@ -14,6 +14,7 @@ daemonsets and the EFA/NVIDIA device plugins (the AWS NVRx sample uses 90-180 CP
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rtj_operator.api import KNOWN_INSTANCE_TYPES, ResilientTrainingJobSpec, ResourceOverrides
@@ -68,6 +69,13 @@ _UNKNOWN = Sizing(gpus=0, efa_adapters=0, cpu="0", memory="0", hugepages_2mi=Non
 assert set(PROFILES) == set(KNOWN_INSTANCE_TYPES), "api.KNOWN_INSTANCE_TYPES and PROFILES must agree"
 
 
+def _is_zero(quantity: str) -> bool:
+    """ "0", "0Mi", "0.0Gi": no hugepages at all (a zero request would still be rendered otherwise)."""
+    return re.fullmatch(r"[+-]?0*(\.0*)?([a-zA-Z]+)?", quantity) is not None and any(
+        c == "0" for c in quantity
+    )
+
+
 def resolve_sizing(instance_type: str, overrides: ResourceOverrides | None = None) -> Sizing:
     """The pod sizing for an instance type, with the job's overrides applied field by field."""
     base = PROFILES.get(instance_type, _UNKNOWN)
@@ -79,7 +87,7 @@ def resolve_sizing(instance_type: str, overrides: ResourceOverrides | None = Non
         efa_adapters=base.efa_adapters if overrides.efa_adapters is None else overrides.efa_adapters,
         cpu=overrides.cpu or base.cpu,
         memory=overrides.memory or base.memory,
-        hugepages_2mi=None if hugepages in (None, "0") else hugepages,
+        hugepages_2mi=None if hugepages is None or _is_zero(hugepages) else hugepages,
         shm_size=overrides.shm_size or base.shm_size,
     )
 

@@ -307,6 +307,11 @@ def test_profiles_and_overrides() -> None:
     assert (sizing.gpus, sizing.efa_adapters, sizing.memory, sizing.hugepages_2mi, sizing.shm_size) == (
         4, 32, "900Gi", None, "8Gi",
     )  # fmt: skip
+    for zero in ("0", "0Mi", "0.0Gi"):
+        assert (
+            profiles.resolve_sizing("p5.48xlarge", api.ResourceOverrides(hugepages2_mi=zero)).hugepages_2mi
+            is None
+        )
     custom = job(instanceType="m7i.48xlarge", resources={"cpu": "180", "memory": "700Gi"})
     assert profiles.processes_per_node(custom.spec) == 1
     pod = render.render_worker_pod(custom, 0)
