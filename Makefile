@@ -38,7 +38,7 @@ typecheck: $(STAMP)
 test: $(STAMP) $(CHECKOV) lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# Regenerate crds/ (and the chart's copy) from the pydantic models.
+# Regenerate crds/, docs/api.md and the chart's CRD copy from the pydantic models.
 crds: $(STAMP)
 	$(BIN)/rtj crd --write
 	scripts/sync-chart-crds.sh
