@@ -1,0 +1,86 @@
+"""The progress sink patches its own pod's annotation through the in-cluster service account,
+from inside a pod of the embedded local cluster (or a real cluster's API)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from rtj_localcluster.client import SyncKubeClient, path_for
+from rtj_localcluster.cluster import LocalCluster
+from rtj_localcluster.testing import wait_for
+from rtj_trainer import progress
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """
+import os
+from rtj_trainer import progress
+p = progress.Progress(node_rank=0, train_start_time=1700000000.0)
+p.step = 42
+p.restarts_in_process = 1
+sink = progress.make_sink("pod-annotation", os.environ["RTJ_NAMESPACE"], os.environ["RTJ_POD_NAME"])
+report = progress.progress_json(p, now=1700000100.0)
+sink.send(report)
+print("sent")
+"""
+
+
+@pytest.fixture
+def api(shared_local_cluster: LocalCluster) -> Iterator[SyncKubeClient]:
+    with SyncKubeClient(shared_local_cluster.kubeconfig_path) as client:
+        yield client
+
+
+def test_progress_annotation_is_patched_from_inside_the_pod(api: SyncKubeClient) -> None:
+    ns = f"t-{uuid.uuid4().hex[:8]}"
+    api.create(path_for("namespaces"), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    try:
+        api.create(
+            path_for("serviceaccounts", ns),
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "trainer"}},
+        )
+        pod: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "worker"},
+            "spec": {
+                "restartPolicy": "Never",
+                "serviceAccountName": "trainer",
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "trainer:test",
+                        "command": ["python", "-c", SCRIPT],
+                        "env": [
+                            {
+                                "name": "RTJ_POD_NAME",
+                                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                            },
+                            {
+                                "name": "RTJ_NAMESPACE",
+                                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+                            },
+                        ],
+                    }
+                ],
+            },
+        }
+        api.create(path_for("pods", ns), pod)
+
+        def annotated() -> dict[str, Any] | None:
+            current = api.get_or_none(path_for("pods", ns, "worker")) or {}
+            phase = current.get("status", {}).get("phase")
+            assert phase != "Failed", current.get("status")
+            value = current.get("metadata", {}).get("annotations", {}).get(progress.ANNOTATION)
+            return json.loads(value) if value else None
+
+        report = wait_for(annotated, timeout=180, message="the progress annotation")
+        assert report["step"] == 42
+        assert report["restarts"] == {"inProcess": 1, "inJob": 0}
+        assert report["trainStartTime"] == "2023-11-14T22:13:20.000000Z"
+    finally:
+        api.delete(path_for("namespaces", name=ns))
