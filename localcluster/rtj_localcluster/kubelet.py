@@ -218,6 +218,8 @@ class PodWorker:
         """Run ``c`` until the restart policy stops it; True when its last run exited 0."""
         backoff = self.kubelet.config.restart_backoff_seconds
         while True:
+            if self.terminating.is_set():
+                return False
             code = await self._run_once(c)
             if self.terminating.is_set():
                 return code == 0
@@ -549,10 +551,12 @@ class PodWorker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*running), timeout=max(grace_seconds, 0.0))
         await asyncio.to_thread(signal_marked, self.uid, None, signal.SIGKILL)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*(t for t in self._tasks if t.get_name().startswith("pod "))), 10
-            )
+        runs = [t for t in self._tasks if t.get_name().startswith("pod ")]
+        # With every process dead the run task ends by itself; one still preparing (waiting for a
+        # volume) is cancelled.
+        _, pending = await asyncio.wait(runs, timeout=5)
+        for task in pending:
+            task.cancel()
         await self.kubelet.connected.wait()
         await self.write_status()
         try:

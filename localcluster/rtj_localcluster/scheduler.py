@@ -315,6 +315,9 @@ class Scheduler:
         self._default_toleration_seconds = default_toleration_seconds
         self._wake = asyncio.Event()
         self._reported: dict[str, str] = {}  # pod uid -> the last FailedScheduling message
+        # Pods bound but not yet seen bound in the informer's cache (kube-scheduler's "assumed"
+        # pods): counted on their node so that a pass on a stale cache does not overbook it.
+        self._assumed: dict[str, str] = {}
         pods.subscribe(self._wake.set)
         nodes.subscribe(self._wake.set)
 
@@ -338,7 +341,19 @@ class Scheduler:
                 pass
 
     async def schedule_pending(self) -> None:
-        pods = self._pods.items()
+        pods = []
+        live: set[str] = set()
+        for cached in self._pods.items():
+            uid = cached["metadata"].get("uid", "")
+            live.add(uid)
+            if cached.get("spec", {}).get("nodeName"):
+                self._assumed.pop(uid, None)
+                pods.append(cached)
+            elif uid in self._assumed:
+                pods.append({**cached, "spec": {**cached.get("spec", {}), "nodeName": self._assumed[uid]}})
+            else:
+                pods.append(cached)
+        self._assumed = {uid: node for uid, node in self._assumed.items() if uid in live}
         nodes = sorted(self._nodes.items(), key=lambda n: n["metadata"]["name"])
         pods_by_node: dict[str, list[dict[str, Any]]] = {}
         for pod in pods:
@@ -354,7 +369,6 @@ class Scheduler:
             and not is_terminated(p)
         ]
         pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
-        live = {p["metadata"].get("uid") for p in pods}
         self._reported = {uid: m for uid, m in self._reported.items() if uid in live}
         for pending_pod in pending:
             pod = pending_pod
@@ -395,6 +409,7 @@ class Scheduler:
                 return False  # gone, or bound by someone else meanwhile
             raise
         self._reported.pop(meta.get("uid", ""), None)
+        self._assumed[meta.get("uid", "")] = node_name
         await self._event(
             pod,
             "Normal",
