@@ -32,6 +32,8 @@ def test_every_rendered_manifest_is_valid_kubernetes_1_32(path: Path) -> None:
     job = api.parse_job(load_example(path))
     objects = render.render(job, uid=UID, excluded_nodes=["ip-10-0-0-1.ec2.internal"])
     assert len(objects) >= 5 + job.spec.nodes + job.spec.hot_spares - 1
+    # What the operator creates after a fault: a replacement pinned to a spare's node.
+    objects.append(render.render_worker_pod(job, 0, uid=UID, excluded_nodes=["n-1"], node_name="n-2"))
     for obj in objects:
         kubernetes_validate.validate(obj, "1.32", strict=True)
 
