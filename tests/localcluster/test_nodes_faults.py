@@ -163,3 +163,16 @@ def test_partition_keeps_processes_running_and_heal_restores_ready(
     )
     assert not gone(partitioned_pid)
     assert ready_status(api, killed) == "Unknown"
+
+
+@pytest.mark.local_cluster(nodes=1, node_monitor_grace_seconds=3.0)
+def test_added_node_takes_new_pods(local_cluster: LocalCluster, api: SyncKubeClient) -> None:
+    added = local_cluster.add_node(profile="cpu")
+    assert added in local_cluster.node_names
+    node = api.get(path_for("nodes", name=added))
+    assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "cpu"
+    assert ready_status(api, added) == "True"
+    api.create(path_for("pods", "default"), sleeper("on-new-node", added, []))
+    running_pid(api, "on-new-node")
+    with pytest.raises(ValueError, match="already exists"):
+        local_cluster.add_node(added)
