@@ -1,0 +1,121 @@
+"""Helpers for the operator's tests against a Kubernetes API: the embedded local cluster by default,
+a real cluster when RTJ_TEST_KUBECONFIG is set. The operator runs in-process (`EmbeddedOperator`),
+serving only the test's own namespace so that tests sharing a cluster never touch each other's jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rtj_localcluster.testing import REAL_CLUSTER_ENV, kubectl, wait_for
+from rtj_operator import constants
+
+CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
+SLEEP = ["python", "-c", "import time; time.sleep(600)"]
+
+
+def install_crd(kubeconfig: str | os.PathLike[str]) -> None:
+    kubectl(kubeconfig, "apply", "-f", str(CRD_DIR))
+    wait_for(
+        lambda: (
+            "resilienttrainingjobs" in kubectl(kubeconfig, "api-resources", f"--api-group={constants.GROUP}")
+        ),
+        timeout=60,
+        message="the ResilientTrainingJob API to be served",
+    )
+
+
+def new_namespace(kubeconfig: str | os.PathLike[str]) -> str:
+    name = f"rtj-test-{uuid.uuid4().hex[:8]}"
+    manifest = Path(tempfile.mkdtemp()) / "namespace.yaml"
+    manifest.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))
+    kubectl(kubeconfig, "apply", "-f", str(manifest))
+    return name
+
+
+def job_manifest(
+    name: str, namespace: str, *, nodes: int = 2, command: list[str] | None = None, **spec: Any
+) -> dict[str, Any]:
+    storage: dict[str, Any] = {"capacity": "1Gi"}
+    if not os.environ.get(REAL_CLUSTER_ENV):
+        storage["storageClassName"] = "local"
+    body: dict[str, Any] = {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "image": "rtj-trainer:0.1.0",
+            "nodes": nodes,
+            "instanceType": "cpu",
+            "command": command or SLEEP,
+            # rtj-launch execs the command itself: no ft_launcher, no torch, no CPU spent.
+            "env": [{"name": "RTJ_LAUNCH_MODE", "value": "direct"}],
+            "checkpoint": {"storage": {"dynamic": storage}},
+            "failurePolicy": {"nodeLossGraceSeconds": 2, "backoffSeconds": 1},
+            "terminationGracePeriodSeconds": 2,
+        },
+    }
+    for key, value in spec.items():
+        if isinstance(value, dict) and isinstance(body["spec"].get(key), dict):
+            body["spec"][key] = {**body["spec"][key], **value}
+        else:
+            body["spec"][key] = value
+    return body
+
+
+def apply(kubeconfig: str | os.PathLike[str], manifest: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / f"{manifest['metadata']['name']}-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    kubectl(kubeconfig, "apply", "-f", str(path))
+
+
+def get(kubeconfig: str | os.PathLike[str], *args: str) -> dict[str, Any]:
+    out = kubectl(kubeconfig, "get", *args, "-o", "json", check=False)
+    result: dict[str, Any] = json.loads(out) if out.strip() else {}
+    return result
+
+
+def job_status(kubeconfig: str | os.PathLike[str], namespace: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = get(kubeconfig, "-n", namespace, "rtj", name).get("status") or {}
+    return status
+
+
+def pods(kubeconfig: str | os.PathLike[str], namespace: str, job: str) -> dict[str, dict[str, Any]]:
+    items = get(kubeconfig, "-n", namespace, "pods", "-l", f"{constants.LABEL_JOB}={job}").get("items") or []
+    return {p["metadata"]["name"]: p for p in items}
+
+
+def event_reasons(kubeconfig: str | os.PathLike[str], namespace: str, job: str) -> list[str]:
+    items = get(kubeconfig, "-n", namespace, "events").get("items") or []
+    return [
+        e.get("reason", "")
+        for e in items
+        if e.get("involvedObject", {}).get("kind") == constants.KIND
+        and e["involvedObject"].get("name") == job
+    ]
+
+
+def wait_state(
+    kubeconfig: str | os.PathLike[str], namespace: str, job: str, state: str, *, timeout: float = 120
+) -> dict[str, Any]:
+    return wait_for(
+        lambda: status if (status := job_status(kubeconfig, namespace, job)).get("state") == state else None,
+        timeout=timeout,
+        interval=0.3,
+        message=f"job {job} to be {state}",
+    )
+
+
+def running_pods_on(kubeconfig: str | os.PathLike[str], namespace: str, job: str) -> dict[str, str]:
+    """Pod name -> node of the job's pods that are Running and not terminating."""
+    return {
+        name: pod["spec"].get("nodeName", "")
+        for name, pod in pods(kubeconfig, namespace, job).items()
+        if pod.get("status", {}).get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+    }

@@ -1,0 +1,255 @@
+"""The operator in-process against a Kubernetes API: lifecycle, node loss, budgets, suspend, restarts,
+invalid objects. Fault tests use the embedded local cluster's fault injection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from operator_cluster import (
+    apply,
+    event_reasons,
+    get,
+    install_crd,
+    job_manifest,
+    job_status,
+    new_namespace,
+    pods,
+    running_pods_on,
+    wait_state,
+)
+from rtj_localcluster.cluster import LocalCluster
+from rtj_localcluster.testing import kubectl, wait_for
+from rtj_operator import constants, events
+from rtj_operator.main import EmbeddedOperator
+
+pytestmark = pytest.mark.slow
+CPU_CLUSTER = pytest.mark.local_cluster(nodes=4, profile="cpu", node_monitor_grace_seconds=3.0)
+
+
+@pytest.fixture
+def cluster(local_cluster: LocalCluster) -> LocalCluster:
+    install_crd(local_cluster.kubeconfig_path)
+    return local_cluster
+
+
+def test_lifecycle_children_status_columns_and_deletion(kubeconfig: Path, tmp_path: Path) -> None:
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+    try:
+        with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+            nodes = get(kubeconfig, "nodes")["items"]
+            instance_type = nodes[0]["metadata"]["labels"][constants.LABEL_INSTANCE_TYPE]
+            apply(kubeconfig, job_manifest("life", namespace, nodes=2, instanceType=instance_type), tmp_path)
+            status = wait_state(kubeconfig, namespace, "life", "Running")
+            assert status["workers"]["readyText"] == "2/2" and status["observedGeneration"] == 1
+            ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+            assert (ready["status"], ready["reason"]) == ("True", events.REASON_ALL_WORKERS_READY)
+            service = get(kubeconfig, "-n", namespace, "service", "life")
+            assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
+            for kind, name in [
+                ("persistentvolumeclaim", "life-checkpoints"),
+                ("serviceaccount", "life-trainer"),
+                ("role", "life-trainer"),
+                ("rolebinding", "life-trainer"),
+            ]:
+                assert get(kubeconfig, "-n", namespace, kind, name)["metadata"]["name"] == name
+            worker = pods(kubeconfig, namespace, "life")["life-worker-1"]
+            container = worker["spec"]["containers"][0]
+            assert container["command"] == ["rtj-launch"] and container["args"][0] == "--"
+            assert worker["metadata"]["labels"][constants.LABEL_WORKER_INDEX] == "1"
+            columns = kubectl(kubeconfig, "-n", namespace, "get", "rtj", "life").splitlines()
+            header, row = columns[0].split(), columns[1].split()
+            assert header[:4] == ["NAME", "STATE", "NODES", "RESTARTS"]
+            assert row[:4] == ["life", "Running", "2/2", "0"]
+            assert events.CHILDREN_CREATED in event_reasons(kubeconfig, namespace, "life")
+
+            kubectl(kubeconfig, "-n", namespace, "delete", "rtj", "life", "--wait=true", "--timeout=60s")
+            wait_for(lambda: not pods(kubeconfig, namespace, "life"), timeout=60, message="pods to go")
+            wait_for(
+                lambda: not get(kubeconfig, "-n", namespace, "service", "life"),
+                timeout=60,
+                message="svc gone",
+            )
+            # retentionPolicy Retain (the default): the checkpoint volume outlives the job.
+            assert get(kubeconfig, "-n", namespace, "pvc", "life-checkpoints")["metadata"]["name"]
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@CPU_CLUSTER
+def test_node_kill_replaces_worker_on_the_hot_spares_node(cluster: LocalCluster, tmp_path: Path) -> None:
+    kc = cluster.kubeconfig_path
+    with EmbeddedOperator(str(kc), namespaces=["default"]):
+        job = job_manifest(
+            "spare", "default", nodes=2, hotSpares=1, failurePolicy={"repeatOffenderThreshold": 1}
+        )
+        apply(kc, job, tmp_path)
+        wait_state(kc, "default", "spare", "Running")
+        placed = wait_for(lambda: p if len(p := running_pods_on(kc, "default", "spare")) == 3 else None)
+        victim, spare_node = placed["spare-worker-1"], placed["spare-spare-0"]
+        cluster.kill_node(victim)
+        moved = wait_for(
+            lambda: running_pods_on(kc, "default", "spare").get("spare-worker-1") == spare_node,
+            timeout=90,
+            message="worker 1 to run on the spare's node",
+        )
+        assert moved
+        status = wait_state(kc, "default", "spare", "Running", timeout=90)
+        assert status["restarts"]["podReplacement"] == 1 and status["restarts"]["total"] >= 1
+        assert [e["nodeName"] for e in status["excludedNodes"]] == [victim]
+        assert status["nodeFaults"][0]["nodeName"] == victim
+        wait_for(lambda: status_spares(kc) == 1, timeout=60, message="the spare to be replenished")
+        reasons = event_reasons(kc, "default", "spare")
+        for reason in (events.NODE_LOST, events.SPARE_USED, events.WORKER_REPLACED, events.NODE_EXCLUDED):
+            assert reason in reasons
+        assert events.GANG_RESTART not in reasons  # worker 1 is not the rendezvous host
+
+
+def status_spares(kc: Path) -> int:
+    return int(job_status(kc, "default", "spare").get("workers", {}).get("readySpares", 0))
+
+
+@CPU_CLUSTER
+def test_deleted_node_of_worker_zero_is_excluded_and_the_gang_restarted(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    kc = cluster.kubeconfig_path
+    with EmbeddedOperator(str(kc), namespaces=["default"]):
+        apply(kc, job_manifest("gang", "default", nodes=2), tmp_path)
+        wait_state(kc, "default", "gang", "Running")
+        before = pods(kc, "default", "gang")
+        lost = before["gang-worker-0"]["spec"]["nodeName"]
+        cluster.delete_node(lost)
+        wait_for(
+            lambda: job_status(kc, "default", "gang").get("restarts", {}).get("podReplacement") == 1,
+            timeout=60,
+            message="the loss to be counted",
+        )
+        status = wait_state(kc, "default", "gang", "Running", timeout=90)
+        after = pods(kc, "default", "gang")
+        assert set(after) == {"gang-worker-0", "gang-worker-1"}
+        # Both pods are new (a gang restart), and none runs on the deleted node.
+        assert {p["metadata"]["uid"] for p in after.values()}.isdisjoint(
+            p["metadata"]["uid"] for p in before.values()
+        )
+        assert lost not in {p["spec"]["nodeName"] for p in after.values()}
+        assert status["excludedNodes"][0] == {
+            **status["excludedNodes"][0],
+            "nodeName": lost,
+            "reason": "NodeDeleted",
+        }
+        assert events.GANG_RESTART in event_reasons(kc, "default", "gang")
+
+
+@CPU_CLUSTER
+def test_budget_exhaustion_fails_the_job_and_keeps_its_data(cluster: LocalCluster, tmp_path: Path) -> None:
+    kc = cluster.kubeconfig_path
+    with EmbeddedOperator(str(kc), namespaces=["default"]):
+        failing = ["python", "-c", "import sys, time; time.sleep(2); sys.exit(3)"]
+        apply(
+            kc,
+            job_manifest(
+                "budget", "default", nodes=2, command=failing, failurePolicy={"maxNodeReplacements": 1}
+            ),
+            tmp_path,
+        )
+        status = wait_state(kc, "default", "budget", "Failed", timeout=120)
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == events.RESTART_BUDGET_EXHAUSTED and "1 of 1" in failed["message"]
+        assert status["restarts"]["podReplacement"] == 1  # one gang restart was allowed, then no more
+        wait_for(lambda: not running_pods_on(kc, "default", "budget"), timeout=60, message="workers deleted")
+        assert (
+            get(kc, "-n", "default", "pvc", "budget-checkpoints")["metadata"]["name"] == "budget-checkpoints"
+        )
+        reasons = event_reasons(kc, "default", "budget")
+        assert events.WORKER_FAILED in reasons and events.RESTART_BUDGET_EXHAUSTED in reasons
+
+
+@CPU_CLUSTER
+def test_suspend_removes_workers_and_resume_brings_them_back(cluster: LocalCluster, tmp_path: Path) -> None:
+    kc = cluster.kubeconfig_path
+    with EmbeddedOperator(str(kc), namespaces=["default"]):
+        apply(kc, job_manifest("pause", "default", nodes=2, hotSpares=1), tmp_path)
+        wait_state(kc, "default", "pause", "Running")
+        kubectl(
+            kc, "-n", "default", "patch", "rtj", "pause", "--type=merge", "-p", '{"spec":{"suspend":true}}'
+        )
+        wait_state(kc, "default", "pause", "Suspended")
+        wait_for(lambda: not pods(kc, "default", "pause"), timeout=60, message="pods to be deleted")
+        assert get(kc, "-n", "default", "service", "pause")["metadata"]["name"] == "pause"  # kept
+        kubectl(
+            kc, "-n", "default", "patch", "rtj", "pause", "--type=merge", "-p", '{"spec":{"suspend":false}}'
+        )
+        status = wait_state(kc, "default", "pause", "Running", timeout=90)
+        assert status["restarts"]["podReplacement"] == 0
+        assert len(running_pods_on(kc, "default", "pause")) == 3
+        reasons = event_reasons(kc, "default", "pause")
+        assert events.SUSPENDED in reasons and events.RESUMED in reasons
+
+
+@CPU_CLUSTER
+def test_operator_restarted_during_a_recovery_converges_without_duplicates(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    kc = cluster.kubeconfig_path
+    with EmbeddedOperator(str(kc), namespaces=["default"]):
+        apply(kc, job_manifest("again", "default", nodes=3), tmp_path)
+        wait_state(kc, "default", "again", "Running")
+    # The operator is down while a node dies; it starts, counts the loss, and is stopped again in the
+    # middle of the recovery (after the decision, before the replacement is running).
+    victim = pods(kc, "default", "again")["again-worker-2"]["spec"]["nodeName"]
+    cluster.kill_node(victim)
+    wait_for(lambda: cluster.node_ready_status(victim) == "Unknown", timeout=60, message="node Unknown")
+    with EmbeddedOperator(str(kc), namespaces=["default"]):
+        wait_for(
+            lambda: job_status(kc, "default", "again").get("restarts", {}).get("podReplacement") == 1,
+            timeout=60,
+            message="the loss to be counted",
+        )
+    with EmbeddedOperator(str(kc), namespaces=["default"]):
+        status = wait_state(kc, "default", "again", "Running", timeout=90)
+        wait_for(lambda: len(running_pods_on(kc, "default", "again")) == 3, timeout=60, message="3 workers")
+    names = sorted(pods(kc, "default", "again"))
+    assert names == ["again-worker-0", "again-worker-1", "again-worker-2"]
+    assert status["restarts"]["podReplacement"] == 1  # counted once across three operator lives
+    assert victim not in running_pods_on(kc, "default", "again").values()
+
+
+@CPU_CLUSTER
+def test_invalid_object_gets_a_condition_and_others_are_still_served(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    kc = cluster.kubeconfig_path
+    # Serve the API with a schema that accepts anything, as a cluster whose CRD lost its validation
+    # would: the operator is the last line of defence.
+    crd = yaml.safe_load(next((Path(__file__).resolve().parents[2] / "crds").glob("*.yaml")).read_text())
+    for version in crd["spec"]["versions"]:
+        version["schema"] = {
+            "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        }
+    (tmp_path / "loose-crd.yaml").write_text(yaml.safe_dump(crd))
+    kubectl(kc, "apply", "-f", str(tmp_path / "loose-crd.yaml"))
+    with EmbeddedOperator(str(kc), namespaces=["default"]):
+        bad = job_manifest("broken", "default", nodes=0)
+        del bad["spec"]["image"]
+        apply(kc, bad, tmp_path)
+        apply(kc, job_manifest("fine", "default", nodes=1), tmp_path)
+        wait_state(kc, "default", "fine", "Running")
+
+        def invalid_status() -> dict[str, Any] | None:
+            found = job_status(kc, "default", "broken")
+            reasons = [c.get("reason") for c in found.get("conditions", [])]
+            return found if events.INVALID_SPEC in reasons else None
+
+        status = wait_for(invalid_status, timeout=60, message="the InvalidSpec condition")
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert (
+            ready["status"] == "False"
+            and "spec.nodes" in ready["message"]
+            and "spec.image" in ready["message"]
+        )
+        assert events.INVALID_SPEC in event_reasons(kc, "default", "broken")
+        assert not pods(kc, "default", "broken")
