@@ -50,14 +50,13 @@ def _draw_run(ax: Any, timeline: Timeline, report: RunReport | None, origin: flo
         text = fault.kind
         if i < len(reports) and reports[i].recovery_seconds is not None:
             rep = reports[i]
-            text += (
-                f"\n{rep.recovered_by or 'none'}: {rep.recovery_seconds:.1f} s, -{rep.steps_lost or 0} steps"
-            )
+            layer = rep.recovered_by or "none"
+            text += f"\n{layer}: {rep.recovery_seconds:.1f} s\n{rep.steps_lost or 0} steps lost"
         elif i < len(reports):
             text += "\nnot recovered"
         ax.annotate(
             text,
-            xy=(fault.time - origin, top * (0.95 - 0.12 * (i % 4))),
+            xy=(fault.time - origin, top * (0.97 - 0.3 * (i % 3))),
             xytext=(4, 0),
             textcoords="offset points",
             fontsize=7,

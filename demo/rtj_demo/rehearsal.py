@@ -289,7 +289,16 @@ class Stack:
         self._operator_log = (self.out_dir / "operator.log").open("wb")
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
         self.operator = subprocess.Popen(
-            [sys.executable, "-m", "rtj_operator.cli", "operator", "--namespace", NAMESPACE],
+            [
+                sys.executable,
+                "-m",
+                "rtj_operator.cli",
+                "operator",
+                "--namespace",
+                NAMESPACE,
+                "--kubeconfig",
+                str(self.kubeconfig),
+            ],
             env=env,
             stdout=self._operator_log,
             stderr=subprocess.STDOUT,
