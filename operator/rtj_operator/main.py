@@ -143,6 +143,10 @@ def main(argv: list[str]) -> int:
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
     )
+    if not args.verbose:
+        # kopf logs every handler run per object at INFO ("Timer ... succeeded"): one line per job per
+        # timer tick. The operator's own decisions are Events; keep kopf's per-object warnings only.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
         asyncio.run(
             run_operator(

@@ -1,0 +1,50 @@
+"""The operator's command line and its metrics' bookkeeping (bounded per-job series)."""
+
+from __future__ import annotations
+
+import prometheus_client
+import pytest
+from rtj_operator import metrics
+from rtj_operator.main import build_parser
+
+
+def sample(name: str, labels: dict[str, str] | None = None) -> float | None:
+    return prometheus_client.REGISTRY.get_sample_value(name, labels or {})
+
+
+def test_command_line_scopes_and_options() -> None:
+    args = build_parser().parse_args(
+        ["-n", "a", "--namespace", "b", "--metrics-port", "9090", "--log-format", "json"]
+    )
+    assert args.namespace == ["a", "b"] and args.metrics_port == 9090 and args.log_format == "json"
+    assert build_parser().parse_args([]).namespace == []  # all namespaces by default
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--namespace", "a", "--all-namespaces"])
+
+
+def test_goodput_series_is_removed_with_its_job_and_states_are_counted() -> None:
+    metrics.observe_pass(
+        "ns",
+        "metrics-job",
+        state="Recovering",
+        counters={"node_losses": 1, "pod_replacements": 1, "gang_restarts": 0},
+        old_restarts={"inProcess": 1, "inJob": 0, "podReplacement": 0},
+        new_restarts={"inProcess": 3, "inJob": 0, "podReplacement": 1},
+        goodput_percent=87.5,
+    )
+    assert sample("rtj_job_goodput_ratio", {"namespace": "ns", "job": "metrics-job"}) == 0.875
+    assert (sample("rtj_jobs", {"state": "Recovering"}) or 0) >= 1
+    before = sample("rtj_restarts_total", {"layer": "in_process"}) or 0
+    metrics.observe_pass(
+        "ns",
+        "metrics-job",
+        state="Running",
+        counters={},
+        old_restarts={"inProcess": 3},
+        new_restarts={"inProcess": 4},
+        goodput_percent=None,
+    )
+    assert sample("rtj_restarts_total", {"layer": "in_process"}) == before + 1
+    metrics.forget_job("ns", "metrics-job")
+    assert sample("rtj_job_goodput_ratio", {"namespace": "ns", "job": "metrics-job"}) is None
+    metrics.forget_job("ns", "metrics-job")  # forgetting twice is harmless
