@@ -62,7 +62,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help=f"a shortened run for CI: {QUICK_STEPS} steps, still all four fault classes",
     )
-    parser.add_argument("--keep", action="store_true", help="leave the cluster (and its state dir) up")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="after the report, keep the cluster, operator and job up until Ctrl-C",
+    )
     parser.add_argument(
         "--out", type=Path, default=Path("out/demo"), help="report directory (default out/demo)"
     )
@@ -147,8 +151,10 @@ def main(argv: list[str]) -> int:
         + f"; report in {args.out}/"
     )
     result: JobResult | None = None
+    report: RunReport | None = None
+    problems: list[str] = []
     try:
-        with Stack(nodes=args.nodes, out_dir=args.out, keep=args.keep, log=live.note) as stack:
+        with Stack(nodes=args.nodes, out_dir=args.out) as stack:
             live.note(f"local cluster up ({args.nodes} nodes), CRD applied, operator started")
 
             def update(obs: Observation) -> None:
@@ -160,34 +166,53 @@ def main(argv: list[str]) -> int:
                 result = run_job(stack, settings, timeout=args.timeout, on_update=update, on_note=live.note)
             finally:
                 live.close()
-                stack.delete_job(settings.name)
+            report = result.timeline.report() if result.timeline.steps else None
+            problems = summarize(result, report, plan)
+            paths = write_outputs(args.out, result, report, plan, problems)
+            print()
+            if report is not None:
+                print(format_table(report))
+            print("\nwritten: " + ", ".join(str(p) for p in paths.values()))
             if args.keep:
-                print(f"cluster kept: export KUBECONFIG={stack.kubeconfig}")
+                wait_for_interrupt(stack)
+            print("cleaning up: job, operator, cluster", flush=True)
+            stack.delete_job(settings.name)
     except MissingComponentError as err:
         live.close()
         print(f"rtj demo: cannot run: {err}", file=sys.stderr)
         return 2
+    except (RuntimeError, TimeoutError, OSError) as err:
+        live.close()
+        print(f"rtj demo: failed: {err}", file=sys.stderr)
+        return 1
     finally:
-        if not args.keep:
-            leftovers = processes.reap(run_id)
-            if leftovers:
-                print(
-                    f"rtj demo: {len(leftovers)} process(es) outlived the cleanup and were killed: "
-                    + processes.describe(leftovers),
-                    file=sys.stderr,
-                )
+        leftovers = processes.reap(run_id)
+        if leftovers:
+            problems.append(
+                f"{len(leftovers)} process(es) outlived the cleanup and were killed: "
+                + processes.describe(leftovers)
+            )
     assert result is not None
-    report = result.timeline.report() if result.timeline.steps else None
-    problems = summarize(result, report, plan)
-    paths = write_outputs(args.out, result, report, plan, problems)
-    print()
-    if report is not None:
-        print(format_table(report))
-    print(
-        f"\nelapsed {time.monotonic() - started:.0f} s; written: " + ", ".join(str(p) for p in paths.values())
-    )
+    if leftovers:
+        write_outputs(args.out, result, report, plan, problems)
+    print(f"elapsed {time.monotonic() - started:.0f} s; no processes left behind" if not leftovers else "")
     if problems:
         print("rtj demo: FAILED: " + "; ".join(problems), file=sys.stderr)
         return 1
     print("every fault was recovered by its intended layer")
     return 0
+
+
+def wait_for_interrupt(stack: Stack) -> None:
+    """--keep: the cluster lives in this process, so it stays up while the demo waits."""
+    print(
+        f"\nthe cluster, the operator and the job are kept for inspection:\n"
+        f"  export KUBECONFIG={stack.kubeconfig}\n  kubectl get rtj,pods,nodes\n"
+        "press Ctrl-C to clean up and exit",
+        flush=True,
+    )
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print()

@@ -22,8 +22,9 @@ RUN_TAG = "RTJ_DEMO_RUN_ID"
 
 
 def tag_environment() -> str:
-    """Give this process (and so every process it starts) a fresh run id; return it."""
-    run_id = uuid.uuid4().hex
+    """Give this process (and so every process it starts) a run id; return it. An id already in the
+    environment is kept, so whoever started the demo (a test) can check for leftovers itself."""
+    run_id = os.environ.get(RUN_TAG) or uuid.uuid4().hex
     os.environ[RUN_TAG] = run_id
     return run_id
 

@@ -199,14 +199,10 @@ class Stack:
         nodes: int = 4,
         grace_seconds: float = 3.0,
         out_dir: Path,
-        keep: bool = False,
-        log: Callable[[str], None] = print,
     ) -> None:
         self.nodes = nodes
         self.grace_seconds = grace_seconds
         self.out_dir = out_dir
-        self.keep = keep
-        self.log = log
         self.state_dir = Path(tempfile.mkdtemp(prefix="rtj-demo-"))
         self.cluster: Any = None
         self.kubeconfig: Path | None = None
@@ -331,11 +327,10 @@ class Stack:
         if self.api is not None:
             self.api.close()
             self.api = None
-        if self.cluster is not None and not self.keep:
+        if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
-        if not self.keep:
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
 
     # -- jobs -------------------------------------------------------------------------------------
 
@@ -363,6 +358,16 @@ class Stack:
     def job_events(self, name: str) -> list[dict[str, Any]]:
         items = self.core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={name}").items
         return [self.api.sanitize_for_serialization(e) for e in items]
+
+    def pod_summary(self, job_name: str) -> str:
+        """One line on the job's pods, for a rehearsal that stopped making progress."""
+        pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=f"{LABEL_JOB}={job_name}").items
+        parts = []
+        for pod in pods:
+            phase = pod.status.phase if pod.status else "?"
+            node = pod.spec.node_name if pod.spec else "?"
+            parts.append(f"{pod.metadata.name if pod.metadata else '?'} {phase} on {node}")
+        return ", ".join(parts) or "none"
 
     def worker_node(self, job_name: str, index: int) -> str | None:
         from kubernetes.client.exceptions import ApiException
@@ -411,6 +416,7 @@ def run_job(
     timeout: float,
     on_update: Callable[[Observation], None] = lambda _: None,
     on_note: Callable[[str], None] = print,
+    stall_note_seconds: float = 90.0,
 ) -> JobResult:
     """Submit the job, inject the plan's node losses, follow it to the end and gather its timeline."""
     example = load_example()
@@ -423,6 +429,7 @@ def run_job(
     state, finished, message = "Pending", False, ""
     status: dict[str, Any] = {}
     deadline = time.monotonic() + timeout
+    last_step, last_change = -1, time.monotonic()
     while True:
         stack.check_operator()
         job = stack.get_job(settings.name) or {}
@@ -431,14 +438,14 @@ def run_job(
         if volume is None:
             with contextlib.suppress(Exception):
                 volume = stack.volume_dir(settings.name)
-        step = _current_step(volume, settings.name, status)
-        restarts = {
-            "in-process": int((status.get("restarts") or {}).get("inProcess", 0)),
-            "in-job": int((status.get("restarts") or {}).get("inJob", 0)),
-            "pod": int((status.get("restarts") or {}).get("podReplacement", 0)),
-        }
-        ckpt = (status.get("lastCheckpoint") or {}).get("step")
-        on_update(Observation(step, state, restarts, ckpt, time.time() - submitted))
+        obs = observe(status, _newest_record(volume, settings.name), time.time() - submitted)
+        step = obs.step
+        on_update(obs)
+        if step != last_step:
+            last_step, last_change = step, time.monotonic()
+        elif time.monotonic() - last_change > stall_note_seconds:
+            on_note(f"no new step for {stall_note_seconds:.0f} s; pods: {stack.pod_summary(settings.name)}")
+            last_change = time.monotonic()
         if node_losses and step >= node_losses[0].step:
             node = stack.worker_node(settings.name, 1)
             if node:
@@ -467,20 +474,50 @@ def run_job(
     return JobResult(settings.name, state, timeline, status, events, finished, message)
 
 
-def _current_step(volume: Path | None, name: str, status: Mapping[str, Any]) -> int:
-    step = int((status.get("progress") or {}).get("step") or 0)
-    if volume is not None:
-        path = volume / name / PROGRESS_FILE
-        with contextlib.suppress(OSError):
-            with path.open("rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 4096))
-                tail = f.read().decode("utf-8", errors="replace").splitlines()
-            for line in reversed(tail):
-                with contextlib.suppress(ValueError):
-                    step = max(step, int(json.loads(line).get("step", 0)))
-                    break
-    return step
+def _newest_record(volume: Path | None, name: str) -> dict[str, Any]:
+    """The newest record in the trainer's progress file (the file's last complete line)."""
+    if volume is None:
+        return {}
+    path = volume / name / PROGRESS_FILE
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            tail = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in reversed(tail):
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                return record
+    return {}
+
+
+def observe(status: Mapping[str, Any], record: Mapping[str, Any], elapsed: float) -> Observation:
+    """The live view: the job's status (state, pod replacements) and the trainer's newest record
+    (step, restarts per layer, checkpoint), whichever is further along."""
+    restarts = status.get("restarts") or {}
+    trainer_restarts = record.get("restarts") or {}
+    ckpt_steps = [
+        s
+        for s in (
+            (status.get("lastCheckpoint") or {}).get("step"),
+            (record.get("lastCheckpoint") or {}).get("step"),
+        )
+        if isinstance(s, int)
+    ]
+    return Observation(
+        step=max(int((status.get("progress") or {}).get("step") or 0), int(record.get("step") or 0)),
+        state=str(status.get("state") or "Pending"),
+        restarts={
+            "in-process": max(int(restarts.get("inProcess", 0)), int(trainer_restarts.get("inProcess", 0))),
+            "in-job": max(int(restarts.get("inJob", 0)), int(trainer_restarts.get("inJob", 0))),
+            "pod": int(restarts.get("podReplacement", 0)),
+        },
+        checkpoint_step=max(ckpt_steps) if ckpt_steps else None,
+        elapsed=elapsed,
+    )
 
 
 def _condition_message(status: Mapping[str, Any], cond_type: str) -> str:
