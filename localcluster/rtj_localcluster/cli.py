@@ -123,6 +123,7 @@ class _ControlServer(socketserver.ThreadingTCPServer):
                 "kill": cluster.kill_node,
                 "partition": cluster.partition_node,
                 "heal": cluster.heal_node,
+                "notready": cluster.make_node_not_ready,
                 "delete": cluster.delete_node,
             }
             handlers[action](name)
@@ -156,6 +157,7 @@ def _daemon(args: argparse.Namespace) -> int:
         "kubeconfig": str(cluster.kubeconfig_path),
         "url": cluster.url,
         "startSeconds": cluster.start_seconds,
+        "clusterId": cluster.cluster_id,
     }
     target = state_dir / DAEMON_FILE
     temporary = state_dir / f".{DAEMON_FILE}.tmp"
@@ -273,6 +275,12 @@ def _down(args: argparse.Namespace) -> int:
             time.sleep(0.2)
     if _alive(pid):
         os.kill(pid, signal.SIGKILL)
+    # A daemon that did not stop cleanly leaves its pods' processes behind: they carry its mark.
+    from .cluster import kill_cluster_processes
+
+    kill_cluster_processes(str(info.get("clusterId", "")))
+    with contextlib.suppress(OSError):
+        (state_dir / DAEMON_FILE).unlink()
     print("local cluster stopped")
     return 0
 
@@ -378,7 +386,7 @@ def _parser() -> argparse.ArgumentParser:
     node = commands.add_parser(
         "node", parents=[common], help="node faults: kill, partition, heal, delete, add"
     )
-    node.add_argument("action", choices=["kill", "partition", "heal", "delete", "add"])
+    node.add_argument("action", choices=["kill", "partition", "notready", "heal", "delete", "add"])
     node.add_argument("name", nargs="?", help="node name (optional for add)")
     node.add_argument("--profile", default=None, help="profile of an added node")
     node.set_defaults(func=_node)

@@ -50,6 +50,23 @@ INFORMED = (
 )
 
 
+def kill_cluster_processes(cluster_id: str) -> int:
+    """SIGKILL every pod process a cluster started (found by its mark); returns how many."""
+    if not cluster_id:
+        return 0
+    count = 0
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+        if env.get(MARK_CLUSTER) == cluster_id and env.get(MARK_POD):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(proc.pid, signal.SIGKILL)
+                count += 1
+    return count
+
+
 @dataclass
 class LocalClusterSettings:
     """How the embedded cluster is built. Times are in seconds."""
@@ -179,14 +196,7 @@ class LocalCluster:
             self.api = None
 
     def _sweep_processes(self) -> None:
-        for proc in psutil.process_iter():
-            try:
-                env = proc.environ()
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-                continue
-            if env.get(MARK_CLUSTER) == self.cluster_id and env.get(MARK_POD):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(proc.pid, signal.SIGKILL)
+        kill_cluster_processes(self.cluster_id)
 
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60) -> T:
         if self._loop is None:
@@ -358,13 +368,25 @@ class LocalCluster:
         self._call(partition())
 
     def heal_node(self, name: str) -> None:
-        """End a partition: heartbeats resume, the node turns Ready again, status catches up."""
+        """End a partition or NotReady: heartbeats resume, the node turns Ready again, status
+        catches up."""
         kubelet = self._kubelet(name)
 
         async def heal() -> None:
             kubelet.heal()
 
         self._call(heal())
+
+    def make_node_not_ready(self, name: str, message: str = "container runtime is down") -> None:
+        """The kubelet keeps its lease but reports Ready=False (reason KubeletNotReady): the
+        lifecycle controller adds the not-ready taints and evicts by toleration. Processes keep
+        running. ``heal_node`` ends it."""
+        kubelet = self._kubelet(name)
+
+        async def not_ready() -> None:
+            kubelet.set_not_ready(message)
+
+        self._call(not_ready())
 
     def delete_node(self, name: str) -> None:
         """Kill the node and delete its Node object (pod GC then removes its pods)."""

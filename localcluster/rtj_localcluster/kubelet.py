@@ -635,6 +635,7 @@ class Kubelet:
         self.connected = asyncio.Event()
         self.connected.set()
         self.dead = False
+        self.not_ready_message: str | None = None
         self.workers: dict[str, PodWorker] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -679,7 +680,7 @@ class Kubelet:
         ]
 
     async def _post_status(self) -> None:
-        status = node_status(self.profile, ready=True, host_ip=self.host_ip)
+        status = node_status(self.profile, host_ip=self.host_ip, not_ready_message=self.not_ready_message)
         current = self.nodes.get(self.name)
         if current is not None:
             status["conditions"] = merge_conditions(
@@ -705,7 +706,8 @@ class Kubelet:
                 node = self.nodes.get(self.name)
                 ready = ready_condition(node) if node else None
                 stale = loop.time() - last_status >= self.config.node_status_interval_seconds
-                if node is not None and (stale or ready is None or ready.get("status") != "True"):
+                wanted = "True" if self.not_ready_message is None else "False"
+                if node is not None and (stale or ready is None or ready.get("status") != wanted):
                     await self._post_status()
                     last_status = loop.time()
             except asyncio.CancelledError:
@@ -804,6 +806,12 @@ class Kubelet:
         self.connected.clear()
 
     def heal(self) -> None:
+        """End a partition or a NotReady spell."""
         if not self.dead:
+            self.not_ready_message = None
             self.connected.set()
             self._wake.set()
+
+    def set_not_ready(self, message: str) -> None:
+        """The kubelet stays in touch but reports Ready=False (a runtime or device failure)."""
+        self.not_ready_message = message

@@ -108,19 +108,26 @@ def node_object(
     }
 
 
-def node_status(profile: NodeProfile, *, ready: bool, host_ip: str) -> dict[str, Any]:
+def node_status(
+    profile: NodeProfile, *, host_ip: str, not_ready_message: str | None = None
+) -> dict[str, Any]:
+    """The status a healthy kubelet posts; with ``not_ready_message`` Ready is False (KubeletNotReady)."""
     now = now_rfc3339()
     conditions = []
     for kind in NODE_CONDITIONS:
-        healthy_status = "True" if kind == "Ready" else "False"
+        if kind == "Ready":
+            ready = not_ready_message is None
+            status, reason = ("True", "KubeletReady") if ready else ("False", "KubeletNotReady")
+            message = "kubelet is posting ready status" if ready else str(not_ready_message)
+        else:
+            status, reason = "False", f"KubeletHasSufficient{kind.replace('Pressure', '')}"
+            message = f"kubelet has no {kind}"
         conditions.append(
             {
                 "type": kind,
-                "status": healthy_status if ready else "Unknown",
-                "reason": "KubeletReady"
-                if kind == "Ready"
-                else f"KubeletHasSufficient{kind.replace('Pressure', '')}",
-                "message": "kubelet is posting ready status" if kind == "Ready" else f"kubelet has no {kind}",
+                "status": status,
+                "reason": reason,
+                "message": message,
                 "lastHeartbeatTime": now,
                 "lastTransitionTime": now,
             }

@@ -32,6 +32,7 @@ def test_up_status_node_kill_down(tmp_path: Path) -> None:
     state = tmp_path / "local"
     up = rtj(state, "up", "--nodes=2", "--grace-seconds=3", "--heartbeat-seconds=0.5")
     daemon_pid = None
+    pod_pid = -1
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         info = json.loads((state / "daemon.json").read_text())
@@ -44,6 +45,30 @@ def test_up_status_node_kill_down(tmp_path: Path) -> None:
         status = rtj(state, "status")
         assert status.returncode == 0, status.stderr
         assert "node-0" in status.stdout and "Ready" in status.stdout
+
+        kubectl(
+            info["kubeconfig"],
+            "run",
+            "sleeper",
+            "--image=busybox",
+            "--restart=Never",
+            "--overrides",
+            json.dumps({"spec": {"nodeSelector": {"kubernetes.io/hostname": "node-1"}}}),
+            "--command",
+            "--",
+            "python",
+            "-c",
+            "import time; time.sleep(600)",
+        )
+
+        def sleeper_pid() -> int | None:
+            pod = json.loads(kubectl(info["kubeconfig"], "get", "pod", "sleeper", "-o", "json"))
+            status = (pod.get("status", {}).get("containerStatuses") or [{}])[0]
+            if "running" in status.get("state", {}):
+                return int(status["containerID"].removeprefix("process://"))
+            return None
+
+        pod_pid = wait_for(sleeper_pid, timeout=60, message="the sleeper pod to run")
 
         killed = rtj(state, "node", "kill", "node-0")
         assert killed.returncode == 0, killed.stderr
@@ -63,4 +88,5 @@ def test_up_status_node_kill_down(tmp_path: Path) -> None:
     assert daemon_pid is not None
     wait_for(lambda: not psutil.pid_exists(daemon_pid), timeout=30, message="the daemon to exit")
     assert not (state / "daemon.json").exists()
+    wait_for(lambda: not psutil.pid_exists(pod_pid), timeout=30, message="the pod's process to be gone")
     assert "no local cluster is running" in rtj(state, "status").stdout

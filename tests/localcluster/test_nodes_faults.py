@@ -176,3 +176,39 @@ def test_added_node_takes_new_pods(local_cluster: LocalCluster, api: SyncKubeCli
     running_pid(api, "on-new-node")
     with pytest.raises(ValueError, match="already exists"):
         local_cluster.add_node(added)
+
+
+def test_not_ready_node_gets_not_ready_taint_and_evicts_until_healed(
+    local_cluster: LocalCluster, api: SyncKubeClient
+) -> None:
+    node = local_cluster.node_names[0]
+    not_ready = "node.kubernetes.io/not-ready"
+    short = [{"key": not_ready, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 1}]
+    api.create(path_for("pods", "default"), sleeper("evicted", node, short))
+    pid = running_pid(api, "evicted")
+
+    local_cluster.make_node_not_ready(node, "GPU fell off the bus")
+    wait_for(lambda: ready_status(api, node) == "False", timeout=SLACK, message="Ready=False")
+    ready = next(
+        c for c in api.get(path_for("nodes", name=node))["status"]["conditions"] if c["type"] == "Ready"
+    )
+    assert (ready["reason"], ready["message"]) == ("KubeletNotReady", "GPU fell off the bus")
+    # The kubelet is alive: the eviction completes (SIGTERM, then the final delete).
+    wait_for(
+        lambda: api.get_or_none(path_for("pods", "default", "evicted")) is None,
+        timeout=SLACK + 30,
+        message="the evicted pod to be gone",
+    )
+    wait_for(lambda: gone(pid), timeout=30, message="the evicted pod's process to exit")
+    local_cluster.heal_node(node)
+    wait_for(lambda: ready_status(api, node) == "True", timeout=SLACK, message="Ready again")
+    wait_for(
+        lambda: (
+            not any(
+                t["key"] == not_ready
+                for t in api.get(path_for("nodes", name=node))["spec"].get("taints") or []
+            )
+        ),
+        timeout=SLACK,
+        message="the not-ready taint to be removed",
+    )

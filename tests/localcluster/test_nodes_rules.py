@@ -13,7 +13,7 @@ STAMP = "2026-01-01T12:00:00Z"
 
 def node_with_ready(status: str) -> dict[str, Any]:
     node = node_object("n", PROFILES["p5.48xlarge"], gpu_taint=True)
-    node["status"] = node_status(PROFILES["p5.48xlarge"], ready=True, host_ip="127.0.0.1")
+    node["status"] = node_status(PROFILES["p5.48xlarge"], host_ip="127.0.0.1")
     for condition in node["status"]["conditions"]:
         if condition["type"] == "Ready":
             condition["status"] = status
@@ -29,7 +29,7 @@ def test_p5_profile_labels_and_capacity() -> None:
     assert labels["kubernetes.io/os"] == "linux"
     assert "kubernetes.io/arch" in labels
     assert node["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
-    status = node_status(PROFILES["p5.48xlarge"], ready=True, host_ip="127.0.0.1")
+    status = node_status(PROFILES["p5.48xlarge"], host_ip="127.0.0.1")
     for key, value in {
         "nvidia.com/gpu": "8",
         "vpc.amazonaws.com/efa": "32",

@@ -25,7 +25,7 @@ def make_node(
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     node = node_object(name, PROFILES["p5.48xlarge"], labels=labels, taints=taints or [])
-    node["status"] = node_status(PROFILES["p5.48xlarge"], ready=True, host_ip="127.0.0.1")
+    node["status"] = node_status(PROFILES["p5.48xlarge"], host_ip="127.0.0.1")
     if not ready:
         for condition in node["status"]["conditions"]:
             if condition["type"] == "Ready":
