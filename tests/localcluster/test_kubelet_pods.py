@@ -267,3 +267,41 @@ def test_killed_container_is_restarted_per_policy(
         lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE,
         message="child killed",
     )
+
+
+def test_init_containers_run_first_and_a_failed_one_fails_the_pod(
+    shared_local_cluster: LocalCluster, api: SyncKubeClient, namespace: str
+) -> None:
+    write = {
+        "name": "init",
+        "image": "x",
+        "command": ["python", "-c", "import sys; open(sys.argv[1], 'w').write('prepared')", "/work/ready"],
+        "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+    }
+    main = pod_manifest(
+        "with-init",
+        "import sys; print(open(sys.argv[1]).read())",
+        container={"args": ["/work/ready"], "volumeMounts": [{"name": "work", "mountPath": "/work"}]},
+        initContainers=[write],
+        volumes=[{"name": "work", "emptyDir": {}}],
+    )
+    api.create(path_for("pods", namespace), main)
+    failing = pod_manifest(
+        "init-fails",
+        "print('must not run')",
+        initContainers=[{"name": "init", "image": "x", "command": ["python", "-c", "raise SystemExit(4)"]}],
+    )
+    api.create(path_for("pods", namespace), failing)
+
+    done = wait_phase(api, namespace, "with-init", "Succeeded", "Failed")
+    assert done["status"]["phase"] == "Succeeded"
+    assert done["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    assert (
+        kubectl(shared_local_cluster.kubeconfig_path, "logs", "-n", namespace, "with-init").strip()
+        == "prepared"
+    )
+
+    failed = wait_phase(api, namespace, "init-fails", "Failed", "Succeeded")
+    assert failed["status"]["phase"] == "Failed"
+    assert failed["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 4
+    assert "running" not in failed["status"]["containerStatuses"][0]["state"]
