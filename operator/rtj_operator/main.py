@@ -129,6 +129,8 @@ class EmbeddedOperator:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 raise RuntimeError(f"the operator did not stop within {timeout}s")
+        if self.error is not None:
+            raise RuntimeError(f"the operator failed: {self.error!r}") from self.error
 
     def __enter__(self) -> EmbeddedOperator:
         return self.start()
