@@ -202,7 +202,12 @@ class LocalCluster:
         if self._loop is None:
             coroutine.close()
             raise RuntimeError("the local cluster is not running")
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()  # do not leave it running on the loop that stop() is about to close
+            raise
 
     def _token(self, namespace: str, account: str) -> str:
         issue = getattr(self.api, "service_account_token", None)

@@ -122,6 +122,11 @@ class ContainerRuntime:
     terminated: dict[str, Any] | None = None
     last_terminated: dict[str, Any] | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    probe_ready: bool = True
+    """The readiness probe's verdict (True without a probe)."""
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    mounts: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -130,6 +135,10 @@ class ContainerRuntime:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
+
+    @property
+    def ready(self) -> bool:
+        return self.running and not self.init and self.probe_ready
 
     def status(self) -> dict[str, Any]:
         state: dict[str, Any]
@@ -144,7 +153,7 @@ class ContainerRuntime:
             "name": self.name,
             "image": self.spec.get("image", ""),
             "imageID": "",
-            "ready": self.running and not self.init,
+            "ready": self.ready,
             "started": self.running,
             "restartCount": self.restart_count,
             "state": state,
@@ -266,8 +275,17 @@ class PodWorker:
         c.started_once = True
         c.will_restart = False
         c.terminated = None
+        probe = (c.spec.get("readinessProbe") or {}) if not c.init else {}
+        prober: asyncio.Task[None] | None = None
+        if probe.get("exec"):
+            c.probe_ready = False
+            prober = asyncio.create_task(self._probe_readiness(c, probe), name=f"probe {self.name}")
         self._dirty.set()
-        returncode = await process.wait()
+        try:
+            returncode = await process.wait()
+        finally:
+            if prober is not None:
+                prober.cancel()
         # The container's main process is gone: like a runtime tearing down the container's
         # cgroup, every other process of that container goes too.
         await asyncio.to_thread(signal_marked, self.uid, c.name, signal.SIGKILL)
@@ -449,6 +467,7 @@ class PodWorker:
         working_dir = c.spec.get("workingDir")
         cwd = Path(rewrite_path(working_dir, mounts)) if working_dir else self.dir / "work"
         cwd.mkdir(parents=True, exist_ok=True)
+        c.env, c.cwd, c.mounts = env, str(cwd), mounts
         with self.log_path(c.name).open("ab") as log_file:
             return await asyncio.create_subprocess_exec(
                 *argv,
@@ -459,6 +478,47 @@ class PodWorker:
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    async def _probe_readiness(self, c: ContainerRuntime, probe: Mapping[str, Any]) -> None:
+        """An exec readinessProbe: the command runs with the container's env and working directory;
+        exit 0 counts as success. Kubernetes' defaults: period 10 s, timeout 1 s, thresholds 1/3."""
+        period = float(probe.get("periodSeconds") or 10)
+        timeout = float(probe.get("timeoutSeconds") or 1)
+        success_needed = int(probe.get("successThreshold") or 1)
+        failure_needed = int(probe.get("failureThreshold") or 3)
+        argv = container_argv({"command": probe["exec"].get("command") or []}, c.env, c.mounts)
+        await asyncio.sleep(float(probe.get("initialDelaySeconds") or 0))
+        successes = failures = 0
+        while True:
+            ok = False
+            try:
+                checker = await asyncio.create_subprocess_exec(
+                    *argv,
+                    cwd=c.cwd,
+                    env=c.env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+                try:
+                    ok = await asyncio.wait_for(checker.wait(), timeout) == 0
+                except TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(checker.pid, signal.SIGKILL)
+                    await checker.wait()
+            except OSError:
+                ok = False
+            successes, failures = (successes + 1, 0) if ok else (0, failures + 1)
+            verdict = c.probe_ready
+            if successes >= success_needed:
+                verdict = True
+            elif failures >= failure_needed:
+                verdict = False
+            if verdict != c.probe_ready:
+                c.probe_ready = verdict
+                self._dirty.set()
+            await asyncio.sleep(period)
 
     # -- status --------------------------------------------------------------------------------
 
@@ -478,8 +538,8 @@ class PodWorker:
                 ]
             )
         terminal = phase in ("Succeeded", "Failed")
-        all_running = bool(self.containers) and all(c.running for c in self.containers)
-        ready = all_running and not self.terminating.is_set()
+        all_ready = bool(self.containers) and all(c.ready for c in self.containers)
+        ready = all_ready and not self.terminating.is_set()
         not_ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
         wanted = [
             condition("PodReadyToStartContainers", bool(self.pod_ip), now),

@@ -305,3 +305,50 @@ def test_init_containers_run_first_and_a_failed_one_fails_the_pod(
     assert failed["status"]["phase"] == "Failed"
     assert failed["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 4
     assert "running" not in failed["status"]["containerStatuses"][0]["state"]
+
+
+def test_exec_readiness_probe_gates_ready_and_service_dns(
+    shared_local_cluster: LocalCluster, api: SyncKubeClient, namespace: str
+) -> None:
+    api.create(
+        path_for("services", namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080}]},
+        },
+    )
+    probe = {
+        "exec": {
+            "command": ["python", "-c", "import os, sys; sys.exit(not os.path.exists(sys.argv[1]))", "/s/ok"]
+        },
+        "periodSeconds": 1,
+        "failureThreshold": 1,
+    }
+    manifest = pod_manifest(
+        "web-0",
+        PEER,
+        labels={"app": "web"},
+        container={"readinessProbe": probe, "volumeMounts": [{"name": "s", "mountPath": "/s"}]},
+        volumes=[{"name": "s", "emptyDir": {}}],
+    )
+    api.create(path_for("pods", namespace), manifest)
+    pod = wait_phase(api, namespace, "web-0", "Running")
+    ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+    assert ready["Ready"] == "False"
+    hosts = shared_local_cluster.hosts_file
+    assert f"web.{namespace}.svc" not in hosts.read_text()  # only Ready pods back a Service by default
+
+    pod_dir = shared_local_cluster.pod_dir(namespace, "web-0")
+    assert pod_dir is not None
+    (pod_dir / "volumes" / "s" / "ok").touch()
+
+    def is_ready() -> bool:
+        current = api.get(path_for("pods", namespace, "web-0"))
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in current["status"]["conditions"])
+
+    wait_for(is_ready, timeout=60, message="Ready after the probe succeeds")
+    wait_for(
+        lambda: f"web.{namespace}.svc" in hosts.read_text(), timeout=30, message="the Service's DNS record"
+    )
