@@ -3,6 +3,7 @@ invalid objects. Fault tests use the embedded local cluster's fault injection.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,29 @@ def test_lifecycle_children_status_columns_and_deletion(kubeconfig: Path, tmp_pa
             assert header[:4] == ["NAME", "STATE", "NODES", "RESTARTS"]
             assert row[:4] == ["life", "Running", "2/2", "0"]
             assert events.CHILDREN_CREATED in event_reasons(kubeconfig, namespace, "life")
+
+            # The trainer's progress annotation (written here as the trainer would) reaches status.
+            report = {
+                "v": 1,
+                "time": "2026-01-01T12:01:40Z",
+                "step": 42,
+                "lastCheckpoint": {"step": 40, "time": "2026-01-01T12:01:30Z"},
+                "restarts": {"inProcess": 1, "inJob": 2},
+                "usefulStepSeconds": 50.0,
+                "trainStartTime": "2026-01-01T12:00:00Z",
+            }
+            patch = json.dumps(
+                {"metadata": {"annotations": {constants.ANNOTATION_PROGRESS: json.dumps(report)}}}
+            )
+            kubectl(kubeconfig, "-n", namespace, "patch", "pod", "life-worker-0", "--type=merge", "-p", patch)
+            progressed = wait_for(
+                lambda: s if (s := job_status(kubeconfig, namespace, "life")).get("progress") else None,
+                timeout=60,
+                message="progress in status",
+            )
+            assert progressed["progress"]["step"] == 42 and progressed["progress"]["goodputPercent"] == 50.0
+            assert progressed["lastCheckpoint"]["step"] == 40
+            assert progressed["restarts"] == {"inProcess": 1, "inJob": 2, "podReplacement": 0, "total": 3}
 
             kubectl(kubeconfig, "-n", namespace, "delete", "rtj", "life", "--wait=true", "--timeout=60s")
             wait_for(lambda: not pods(kubeconfig, namespace, "life"), timeout=60, message="pods to go")
