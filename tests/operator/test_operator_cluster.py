@@ -277,3 +277,24 @@ def test_invalid_object_gets_a_condition_and_others_are_still_served(
         )
         assert events.INVALID_SPEC in event_reasons(kc, "default", "broken")
         assert not pods(kc, "default", "broken")
+
+
+@CPU_CLUSTER
+def test_success_then_ttl_deletes_the_job_and_delete_policy_its_volume(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    kc = cluster.kubeconfig_path
+    with EmbeddedOperator(str(kc), namespaces=["default"]):
+        done = ["python", "-c", "import time; time.sleep(1)"]
+        manifest = job_manifest(
+            "done", "default", nodes=2, hotSpares=1, command=done, ttlSecondsAfterFinished=3
+        )
+        manifest["spec"]["checkpoint"]["retentionPolicy"] = "Delete"
+        apply(kc, manifest, tmp_path)
+        status = wait_state(kc, "default", "done", "Succeeded", timeout=120)
+        assert status["completionTime"] and status["workers"]["pods"][0]["state"] == "Succeeded"
+        wait_for(lambda: not get(kc, "-n", "default", "rtj", "done"), timeout=90, message="the job to expire")
+        wait_for(
+            lambda: not get(kc, "-n", "default", "pvc", "done-checkpoints"), timeout=60, message="pvc gone"
+        )
+        wait_for(lambda: not pods(kc, "default", "done"), timeout=60, message="pods gone")
