@@ -772,6 +772,11 @@ class Kubelet:
                     last_status = loop.time()
             except asyncio.CancelledError:
                 raise
+            except ApiError as error:
+                # 404: the Node (and with it the Lease, its dependent) was deleted by someone; like
+                # a real kubelet this one does not re-register, and pod GC removes its pods.
+                level = logging.DEBUG if error.status == 404 else logging.WARNING
+                log.log(level, "node %s heartbeat failed: %s", self.name, error)
             except Exception as error:
                 log.warning("node %s heartbeat failed: %s", self.name, error)
 

@@ -7,8 +7,10 @@ node whose lease is older than the grace period gets ``Ready=Unknown`` (reason N
 and the ``node.kubernetes.io/unreachable`` taints (``not-ready`` for ``Ready=False``); pods on it
 that do not tolerate a NoExecute taint are evicted after their ``tolerationSeconds`` (deleted, with
 a ``DisruptionTarget/DeletionByTaintManager`` condition). As in Kubernetes, an evicted pod on a dead
-node stays Terminating until it is force-deleted or its Node is deleted (then pod GC removes it).
-The eviction decision is the pure ``eviction_due``.
+node stays Terminating until it is force-deleted, its Node is deleted (then pod GC removes it), or
+the node, not Ready, gets the ``node.kubernetes.io/out-of-service`` taint (non-graceful node
+shutdown: pod GC force-deletes its terminating pods). The eviction decision is the pure
+``eviction_due``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_HOSTNAME = "kubernetes.io/hostname"
 LABEL_OS = "kubernetes.io/os"
 LABEL_ARCH = "kubernetes.io/arch"
+TAINT_OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 NODE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")
 
@@ -324,12 +327,23 @@ class NodeLifecycleController:
         self._evicted &= live
 
     async def _collect_orphans(self) -> None:
-        known = {n["metadata"]["name"] for n in self._nodes.items()}
+        nodes = {n["metadata"]["name"]: n for n in self._nodes.items()}
+        out_of_service = {
+            name
+            for name, node in nodes.items()
+            if (ready_condition(node) or {}).get("status") != "True"
+            and any(t.get("key") == TAINT_OUT_OF_SERVICE for t in node.get("spec", {}).get("taints") or [])
+        }
         clock = time.monotonic()
         missing: set[str] = set()
         for pod in self._pods.items():
             node_name = pod.get("spec", {}).get("nodeName")
-            if not node_name or node_name in known:
+            if node_name in out_of_service and pod["metadata"].get("deletionTimestamp"):
+                # Non-graceful node shutdown: an admin (or operator) declared the node gone, so
+                # its terminating pods are force-deleted, as the pod GC controller does.
+                await self._delete_pod(pod, "DeletionByPodGC", "PodGC: node is out of service", 0)
+                continue
+            if not node_name or node_name in nodes:
                 continue
             missing.add(node_name)
             first = self._missing_since.setdefault(node_name, clock)

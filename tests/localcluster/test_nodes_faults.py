@@ -212,3 +212,26 @@ def test_not_ready_node_gets_not_ready_taint_and_evicts_until_healed(
         timeout=SLACK,
         message="the not-ready taint to be removed",
     )
+
+
+def test_out_of_service_taint_releases_terminating_pods_of_a_dead_node(
+    local_cluster: LocalCluster, api: SyncKubeClient
+) -> None:
+    node = local_cluster.node_names[0]
+    forever = [{"operator": "Exists"}]  # tolerates every taint: only a delete moves it
+    api.create(path_for("pods", "default"), sleeper("stuck", node, forever))
+    running_pid(api, "stuck")
+    local_cluster.kill_node(node)
+    wait_for(lambda: ready_status(api, node) == "Unknown", timeout=GRACE + SLACK, message="Ready=Unknown")
+    api.delete(path_for("pods", "default", "stuck"))
+    time.sleep(2)
+    assert api.get(path_for("pods", "default", "stuck"))["metadata"].get("deletionTimestamp")
+
+    taints = api.get(path_for("nodes", name=node))["spec"].get("taints") or []
+    taint = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+    api.patch(path_for("nodes", name=node), {"spec": {"taints": [*taints, taint]}})
+    wait_for(
+        lambda: api.get_or_none(path_for("pods", "default", "stuck")) is None,
+        timeout=SLACK,
+        message="the terminating pod to be force-deleted",
+    )
