@@ -289,7 +289,21 @@ class CheckpointManager:
 
     def _mark_done(self, step: int) -> None:
         record = {"rank": self.rank, "worldSize": self.world_size, "time": time.time()}
-        _write_atomically(done_path(self.root, step, self.rank), json.dumps(record))
+        try:
+            _write_atomically(done_path(self.root, step, self.rank), json.dumps(record))
+        except FileNotFoundError:
+            # The directory was discarded (a resume chose an older checkpoint): nothing to mark.
+            log.warning("checkpoint directory of step %d vanished before rank %d marked it", step, self.rank)
+
+    def discard_partials_after(self, step: int) -> list[Path]:
+        """Delete uncommitted directories newer than ``step`` (rank 0, when resuming at ``step``)."""
+        removed = []
+        for info in list_checkpoints(self.root):
+            if info.step > step and not info.committed:
+                shutil.rmtree(info.path, ignore_errors=True)
+                removed.append(info.path)
+        self._uncommitted = [s for s in self._uncommitted if s <= step]
+        return removed
 
     def poll(self) -> list[int]:
         """Non-blocking: finalize a finished write, commit what is complete. Returns newly committed steps."""

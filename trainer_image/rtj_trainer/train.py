@@ -248,12 +248,15 @@ class Trainer:
             timeout=dt.timedelta(seconds=self.args.pg_timeout),
             device_id=self.device if self.backend == "nccl" else None,
         )
+        iteration_started = time.time()
         try:
             result = self._train(iteration)
         except BaseException:
             now = time.time()
-            fired = self.faults.fired_since(now - 120)
-            fault_time = min([now] + [f.time for f in fired])
+            # The fault is the newest one fired during this iteration (an injected one, on any rank),
+            # else the moment this rank was interrupted.
+            fired = [f.time for f in self.faults.fired_since(iteration_started) if f.time <= now]
+            fault_time = max(fired) if fired else now
             self.pending = PendingRecovery("InProcessRestart", fault_time, self.current_step)
             raise
         dist.destroy_process_group()
@@ -323,6 +326,9 @@ class Trainer:
         return 0
 
     def _resume(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, str]:
+        # A save still in flight from before the fault finishes first: it may complete a checkpoint,
+        # and no writer may still be writing into a directory that rank 0 discards below.
+        self.ckpt.wait(timeout=None)
         mem = self.memory
         usable = mem.tensors is not None and mem.consistent and mem.world_size == self.world_size
         mem_step = mem.step if usable else -1
@@ -338,6 +344,10 @@ class Trainer:
         )
         dist.all_reduce(newest, op=dist.ReduceOp.MAX)
         step = int(newest[0])
+        if self.rank == 0:
+            # Partial saves newer than the resume point belong to the failed attempt. Their stale
+            # .done files must not let the next save of the same step commit before it is written.
+            self.ckpt.discard_partials_after(step)
         if step < 0:
             mem.useful_seconds = 0.0
             mem.step = 0
