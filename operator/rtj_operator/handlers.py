@@ -37,8 +37,10 @@ logger = logging.getLogger(__name__)
 TIMER_INTERVAL_SECONDS = 60.0
 # Bursts of pod events (N pods created, each going Pending -> Running) are coalesced into one pass.
 DEBOUNCE_SECONDS = 0.2
-# After a failed pass (API error, status conflict) the job is tried again this much later.
+# After a failed pass (API error) the job is tried again this much later, doubling per consecutive
+# failure up to the maximum, so that a job that keeps failing does not hammer the API server.
 RETRY_SECONDS = 2.0
+MAX_RETRY_SECONDS = 60.0
 
 JobKey = tuple[str, str]  # (namespace, name)
 
@@ -51,6 +53,7 @@ class JobRunner:
     ensure_base: bool = False
     task: asyncio.Task[None] | None = None
     wakeup: asyncio.TimerHandle | None = None
+    failures: int = 0
     offsets: dict[str, RestartOffset] = field(default_factory=dict)
 
 
@@ -111,10 +114,13 @@ async def _run(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> None:
         started = time.monotonic()
         try:
             result = await reconcile_job(ctx, key, runner)
+            runner.failures = 0
         except Exception:  # one job's failure must never stop the others: log, count, retry later
-            logger.exception("reconciling %s/%s failed; retrying in %ss", key[0], key[1], RETRY_SECONDS)
+            delay = min(MAX_RETRY_SECONDS, RETRY_SECONDS * 2**runner.failures)
+            runner.failures += 1
+            logger.exception("reconciling %s/%s failed; retrying in %ss", key[0], key[1], delay)
             result = "error"
-            await trigger(ctx, key, delay=RETRY_SECONDS)
+            await trigger(ctx, key, delay=delay)
         metrics.RECONCILE_TOTAL.labels(result=result).inc()
         metrics.RECONCILE_DURATION.observe(time.monotonic() - started)
         ctx.passes += 1
