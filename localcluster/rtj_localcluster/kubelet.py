@@ -200,6 +200,17 @@ class PodWorker:
         self._tasks.append(asyncio.create_task(self._status_writer(), name=f"status {self.name}"))
         self._dirty.set()
 
+    def event(self, event_type: str, reason: str, message: str) -> None:
+        """Record an Event about the pod in the background (kubectl describe shows them)."""
+        if not self.kubelet.connected.is_set():
+            return
+        coroutine = self.kubelet.client.post_event(
+            self.pod, event_type, reason, message, component=f"kubelet/{self.kubelet.name}"
+        )
+        task = asyncio.create_task(coroutine)
+        self.kubelet._background.add(task)
+        task.add_done_callback(self.kubelet._background.discard)
+
     def log_path(self, container: str) -> Path:
         return self.dir / f"{container}.log"
 
@@ -238,6 +249,7 @@ class PodWorker:
                 return code == 0
             c.will_restart = True
             c.waiting = ("CrashLoopBackOff", f"back-off {backoff:g}s restarting failed container {c.name}")
+            self.event("Warning", "BackOff", f"Back-off {backoff:g}s restarting container {c.name}")
             self._dirty.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.terminating.wait(), timeout=backoff)
@@ -275,6 +287,7 @@ class PodWorker:
         c.started_once = True
         c.will_restart = False
         c.terminated = None
+        self.event("Normal", "Started", f"Started container {c.name} (pid {process.pid})")
         probe = (c.spec.get("readinessProbe") or {}) if not c.init else {}
         prober: asyncio.Task[None] | None = None
         if probe.get("exec"):
@@ -602,6 +615,10 @@ class PodWorker:
     async def _terminate(self, grace_seconds: float) -> None:
         self.terminating.set()
         self._dirty.set()
+        if any(c.running for c in [*self.init_containers, *self.containers]):
+            self.event(
+                "Normal", "Killing", f"Stopping the pod's containers (grace period {grace_seconds:g}s)"
+            )
         for c in [*self.init_containers, *self.containers]:
             if c.running and c.process is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -227,6 +227,12 @@ def test_delete_sends_sigterm_then_finishes_the_delete(
     api.delete(path_for("pods", namespace, "graceful"))
     wait_for(lambda: get_pod(api, namespace, "graceful") is None, timeout=60, message="the pod to be gone")
     assert "got SIGTERM" in (pod_dir / "main.log").read_text()
+
+    def reasons() -> set[str]:
+        events = api.get(path_for("events", namespace))["items"]
+        return {e["reason"] for e in events if e["involvedObject"]["name"] == "graceful"}
+
+    wait_for(lambda: {"Scheduled", "Started", "Killing"} <= reasons(), timeout=30, message="the pod's events")
     wait_for(
         lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
         message="exit",
