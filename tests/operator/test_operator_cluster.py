@@ -108,7 +108,11 @@ def test_node_kill_replaces_worker_on_the_hot_spares_node(cluster: LocalCluster,
     kc = cluster.kubeconfig_path
     with EmbeddedOperator(str(kc), namespaces=["default"]):
         job = job_manifest(
-            "spare", "default", nodes=2, hotSpares=1, failurePolicy={"repeatOffenderThreshold": 1}
+            "spare",
+            "default",
+            nodes=2,
+            hotSpares=1,
+            failurePolicy={"repeatOffenderThreshold": 1, "taintExcludedNodes": True},
         )
         apply(kc, job, tmp_path)
         wait_state(kc, "default", "spare", "Running")
@@ -127,9 +131,24 @@ def test_node_kill_replaces_worker_on_the_hot_spares_node(cluster: LocalCluster,
         assert status["nodeFaults"][0]["nodeName"] == victim
         wait_for(lambda: status_spares(kc) == 1, timeout=60, message="the spare to be replenished")
         reasons = event_reasons(kc, "default", "spare")
-        for reason in (events.NODE_LOST, events.SPARE_USED, events.WORKER_REPLACED, events.NODE_EXCLUDED):
+        for reason in (
+            events.NODE_LOST,
+            events.SPARE_USED,
+            events.WORKER_REPLACED,
+            events.NODE_EXCLUDED,
+            events.NODE_TAINTED,
+        ):
             assert reason in reasons
         assert events.GANG_RESTART not in reasons  # worker 1 is not the rendezvous host
+        taint = {"key": constants.TAINT_EXCLUDED, "value": "spare", "effect": "NoSchedule"}
+        assert taint in get(kc, "node", victim)["spec"]["taints"]
+        # Deleting the job takes its cluster-wide taint away again.
+        kubectl(kc, "-n", "default", "delete", "rtj", "spare", "--wait=true", "--timeout=60s")
+        wait_for(
+            lambda: taint not in (get(kc, "node", victim)["spec"].get("taints") or []),
+            timeout=60,
+            message="the exclusion taint to be removed",
+        )
 
 
 def status_spares(kc: Path) -> int:
