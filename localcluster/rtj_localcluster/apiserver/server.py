@@ -493,7 +493,6 @@ class App:
             status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"}
         )
         response.enable_chunked_encoding()
-        await response.prepare(request)
         first = True
 
         def frame(event_type: str, obj: Obj) -> bytes:
@@ -504,6 +503,7 @@ class App:
             return json.dumps({"type": event_type, "object": obj}, separators=(",", ":")).encode() + b"\n"
 
         try:
+            await response.prepare(request)
             if expired:
                 status = ApiError(
                     410, "Expired", f"too old resource version: {rv_text} ({store.compacted_rv})"
@@ -756,7 +756,31 @@ class ApiServer:
                 raise
             log.exception("the API server stopped with an error")
         finally:
+            self._drain(loop)
             loop.close()
+
+    @staticmethod
+    def _drain(loop: asyncio.AbstractEventLoop) -> None:
+        """Let closed connections finish (their connection_lost callbacks run on the loop) and cancel
+        what is left, so that no socket outlives the loop."""
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(asyncio.sleep(0.2))
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(asyncio.sleep(0.05))
+            # A TLS connection whose peer vanished without closing waits for the peer's close_notify
+            # (up to 30 s) before its socket closes; the loop is going away, so abort it now.
+            selector = getattr(loop, "_selector", None)
+            for key in list(selector.get_map().values()) if selector is not None else []:
+                handle = key.data[0] if isinstance(key.data, tuple) else None
+                transport = getattr(getattr(handle, "_callback", None), "__self__", None)
+                if isinstance(transport, asyncio.Transport):
+                    transport.abort()
+            loop.run_until_complete(asyncio.sleep(0))
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
