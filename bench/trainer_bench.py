@@ -361,10 +361,9 @@ def print_table(report: dict[str, Any]) -> None:
             r = e[mode]
             rows.append(
                 (
-                    f"efficiency, {mode} saves every {e['intervalSteps']} steps",
-                    f"{r['efficiencyPercent']:.1f}% useful/loop, "
-                    f"{r.get('throughputVsNoSavesPercent', 100.0):.1f}%"
-                    f" of no-save throughput ({r['saves']} saves, blocking {r['blockingSeconds']:.2f} s)",
+                    f"efficiency (useful/loop), {mode} saves every {e['intervalSteps']} steps",
+                    f"{r['efficiencyPercent']:.1f}% ({r['saves']} saves,"
+                    f" blocking {r['blockingSeconds']:.2f} s)",
                 )
             )
     if "blocking" in report:
