@@ -216,7 +216,7 @@ class StructuralSchema:
                 if sub is not None:
                     self._validate(item, sub, _join(path, key), errors, old_item)
                 elif isinstance(additional, dict):
-                    self._validate(item, additional, f"{path}[{key}]", errors, old_item)
+                    self._validate(item, additional, _join(path, key), errors, old_item)
             for req in schema.get("required") or []:
                 if req not in value:
                     errors.append(FieldError("FieldValueRequired", _join(path, req), None, ""))
