@@ -102,7 +102,14 @@ def goodput_table(rows: list[tuple[Mode, JobResult, RunReport | None]]) -> str:
 
 def goodput_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="rtj bench goodput", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=400, help="training steps per run (default 400)")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
+    parser.add_argument(
+        "--step-sleep",
+        type=float,
+        default=0.15,
+        help="seconds each step waits, like a step on an accelerator (default 0.15): runs last long "
+        "enough for recoveries to be compared without keeping the CPUs busy",
+    )
     parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(DEFAULT_MODES))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run before giving up")
     parser.add_argument("--out", type=Path, default=None, help="results dir (default bench/results)")
@@ -130,6 +137,7 @@ def goodput_main(argv: list[str]) -> int:
                     in_process=mode.in_process,
                     max_in_job_restarts=mode.max_in_job_restarts,
                     plan=plan,
+                    extra_args=["--step-sleep", str(args.step_sleep)],
                 )
                 print(f"- {mode.label}: running", flush=True)
                 result = run_job(stack, settings, timeout=args.timeout, on_note=lambda t: print("  " + t))
@@ -161,6 +169,7 @@ def goodput_main(argv: list[str]) -> int:
         "benchmark": "goodput",
         "time": stamp,
         "steps": args.steps,
+        "step_sleep": args.step_sleep,
         "plan": [{"kind": f.kind, "step": f.step, "rank": f.rank} for f in plan],
         "runs": [
             {

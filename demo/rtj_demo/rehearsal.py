@@ -89,6 +89,7 @@ class JobSettings:
     checkpoint_mode: str = "Async"
     in_process: bool = True
     max_in_job_restarts: int = 20
+    max_node_replacements: int = 20  # every gang restart of a plain-restart run spends from it
     plan: list[PlannedFault] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -165,6 +166,7 @@ def build_job(example: Mapping[str, Any], settings: JobSettings, *, rendezvous_p
     ft = spec.setdefault("faultTolerance", {})
     ft["maxInJobRestarts"] = settings.max_in_job_restarts
     ft.setdefault("inProcess", {})["enabled"] = settings.in_process
+    spec.setdefault("failurePolicy", {})["maxNodeReplacements"] = settings.max_node_replacements
     mount = ckpt.get("mountPath", "/checkpoints")
     # The trainer's file sink writes one JSON line per report; with the interval at 0 that is one per
     # step, which the timeline needs. Its path is relative to the working directory, set to the
