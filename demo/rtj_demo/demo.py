@@ -5,9 +5,9 @@ CRD, starts the operator, and runs the example CPU job (real FSDP training on gl
 and inprocess.Wrapper, async checkpoints on a volume) with four faults: a Python exception (the
 in-process layer should recover it), a SIGKILLed rank and a hung rank (ft_launcher's in-job
 restart), and a lost node (the operator replaces the worker). It shows live progress, then prints
-and saves the report (`report.json`, `timeline.png`, `operator.log` in `--out`), cleans up, and
-exits non-zero unless every fault was recovered by its intended layer. See `rehearsal` for the
-machinery and `report` for the figures.
+and saves the report (`report.json`, `timeline.png`, `operator.log`, `pods/*.log` in `--out`),
+cleans up, and exits non-zero unless every fault was recovered by its intended layer. See
+`rehearsal` for the machinery and `report` for the figures.
 """
 
 from __future__ import annotations
@@ -166,6 +166,7 @@ def main(argv: list[str]) -> int:
                 result = run_job(stack, settings, timeout=args.timeout, on_update=update, on_note=live.note)
             finally:
                 live.close()
+            stack.save_pod_logs(settings.name, args.out / "pods")
             report = result.timeline.report() if result.timeline.steps else None
             problems = summarize(result, report, plan)
             paths = write_outputs(args.out, result, report, plan, problems)

@@ -371,6 +371,21 @@ class Stack:
             parts.append(f"{pod.metadata.name if pod.metadata else '?'} {phase} on {node}")
         return ", ".join(parts) or "none"
 
+    def save_pod_logs(self, job_name: str, directory: Path) -> list[Path]:
+        """Copy the logs of the job's current pods (ft_launcher and the ranks) next to the report."""
+        directory.mkdir(parents=True, exist_ok=True)
+        saved = []
+        pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=f"{LABEL_JOB}={job_name}").items
+        for pod in pods:
+            name = pod.metadata.name if pod.metadata else None
+            if not name:
+                continue
+            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+                path = directory / f"{name}.log"
+                path.write_text(self.kubectl("logs", name, timeout=60), encoding="utf-8")
+                saved.append(path)
+        return saved
+
     def worker_node(self, job_name: str, index: int) -> str | None:
         from kubernetes.client.exceptions import ApiException
 
