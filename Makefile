@@ -23,7 +23,12 @@ $(CHECKOV): scripts/checkov-requirements.txt | $(STAMP)
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet -r scripts/checkov-requirements.txt
 	touch $(CHECKOV)
 
-setup: $(STAMP) $(CHECKOV)
+# Helm 4 for the chart-install tests against the local cluster (not on PyPI; see the script).
+HELM := $(BIN)/helm
+$(HELM): scripts/install-helm.sh | $(STAMP)
+	scripts/install-helm.sh $(HELM)
+
+setup: $(STAMP) $(CHECKOV) $(HELM)
 
 demo: $(STAMP)
 	$(BIN)/rtj demo
@@ -35,7 +40,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) $(CHECKOV) lint typecheck
+test: $(STAMP) $(CHECKOV) $(HELM) lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Regenerate crds/, docs/api.md and the chart's CRD copy from the pydantic models.

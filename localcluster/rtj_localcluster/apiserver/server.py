@@ -26,7 +26,7 @@ import yaml
 from aiohttp import web
 
 from ..certs import make_pki
-from . import openapi, tables
+from . import openapi, protobuf, tables
 from .core import Cluster
 from .errors import ApiError, bad_request, method_not_allowed, not_found
 from .resources import Registry, ResourceType, discovery_group, discovery_groups, discovery_resource_list
@@ -375,10 +375,19 @@ class App:
         return {"Warning": ", ".join('299 - "' + w.replace('"', "'") + '"' for w in warnings)}
 
     async def _body(self, request: web.Request, yaml_ok: bool = False) -> Any:
+        content_type = request.headers.get("Content-Type", "")
         raw = await request.read()
         if not raw:
             return {}
-        content_type = request.headers.get("Content-Type", "")
+        if "protobuf" in content_type:
+            return protobuf.decode(raw)
+        if "cbor" in content_type:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types include: "
+                "application/json, application/yaml, application/vnd.kubernetes.protobuf",
+            )
         try:
             if yaml_ok or "yaml" in content_type:
                 return yaml.safe_load(raw)
@@ -389,7 +398,9 @@ class App:
     async def _delete_options(self, request: web.Request) -> Obj:
         options: Obj = {}
         raw = await request.read()
-        if raw:
+        if raw and "protobuf" in request.headers.get("Content-Type", ""):
+            options.update(protobuf.decode(raw))
+        elif raw:
             try:
                 body = json.loads(raw)
             except ValueError as exc:
