@@ -51,7 +51,8 @@ def chart(tmp_path: Path) -> Path:
         "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {{ .Release.Name }}\n---\n"
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata:\n  name: {{ .Release.Name }}\n"
         "rules:\n- apiGroups: ['']\n  resources: [pods]\n  verbs: [get, list]\n---\n"
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: {{ .Release.Name }}\n"
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n"
+        "metadata:\n  name: {{ .Release.Name }}\n"
         "roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: '{{ .Release.Name }}'}\n"
         "subjects:\n- {kind: ServiceAccount, name: '{{ .Release.Name }}'}\n"
     )
