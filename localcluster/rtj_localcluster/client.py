@@ -98,34 +98,37 @@ class KubeConfig:
         user = {u["name"]: u["user"] for u in data.get("users") or []}.get(context.get("user", ""), {})
         self.server: str = cluster["server"].rstrip("/")
         self.namespace: str = context.get("namespace", "default")
-        self._tmp = Path(tempfile.mkdtemp(prefix="rtj-kubeconfig-"))
-        self.ca_path = self._file(cluster, "certificate-authority", "certificate-authority-data", path)
         self.insecure = bool(cluster.get("insecure-skip-tls-verify"))
-        self.cert_path = self._file(user, "client-certificate", "client-certificate-data", path)
-        self.key_path = self._file(user, "client-key", "client-key-data", path)
+        self.ca_pem = self._read(cluster, "certificate-authority", "certificate-authority-data", path)
+        self.cert_pem = self._read(user, "client-certificate", "client-certificate-data", path)
+        self.key_pem = self._read(user, "client-key", "client-key-data", path)
         token = user.get("token")
         if not token and user.get("tokenFile"):
             token = Path(user["tokenFile"]).read_text().strip()
         self.token: str | None = token
 
-    def _file(
-        self, section: Mapping[str, Any], key: str, data_key: str, base: str | os.PathLike[str]
-    ) -> str | None:
+    @staticmethod
+    def _read(
+        section: Mapping[str, Any], key: str, data_key: str, base: str | os.PathLike[str]
+    ) -> bytes | None:
         if section.get(key):
-            return str(Path(base).parent / section[key])
+            return (Path(base).parent / str(section[key])).read_bytes()
         if section.get(data_key):
-            target = self._tmp / key
-            target.write_bytes(base64.b64decode(section[data_key]))
-            return str(target)
+            return base64.b64decode(section[data_key])
         return None
 
     def ssl_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=self.ca_path)
+        context = ssl.create_default_context(cadata=self.ca_pem.decode() if self.ca_pem else None)
         if self.insecure:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-        if self.cert_path and self.key_path:
-            context.load_cert_chain(self.cert_path, self.key_path)
+        if self.cert_pem and self.key_pem:
+            # load_cert_chain reads files only; they exist just for the call.
+            with tempfile.TemporaryDirectory(prefix="rtj-kubeconfig-") as scratch:
+                cert, key = Path(scratch) / "client.crt", Path(scratch) / "client.key"
+                cert.write_bytes(self.cert_pem)
+                key.write_bytes(self.key_pem)
+                context.load_cert_chain(str(cert), str(key))
         return context
 
 
