@@ -328,6 +328,21 @@ spec:
     kubectl("delete", "pod", "logger", "--grace-period=0", "--force")
 
 
+def test_kubectl_create_sends_protobuf(kubectl: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    # `kubectl create <kind>` uses typed clients that encode request bodies as protobuf.
+    kubectl("create", "namespace", "made-by-create")
+    kubectl("create", "serviceaccount", "bot", "-n", "made-by-create")
+    kubectl("create", "configmap", "settings", "--from-literal=mode=fast", "-n", "made-by-create")
+    kubectl("create", "secret", "generic", "token", "--from-literal=key=s3cr3t", "-n", "made-by-create")
+    cm = json.loads(kubectl("get", "configmap", "settings", "-n", "made-by-create", "-o", "json").stdout)
+    assert cm["data"] == {"mode": "fast"}
+    secret = json.loads(kubectl("get", "secret", "token", "-n", "made-by-create", "-o", "json").stdout)
+    assert secret["type"] == "Opaque" and secret["data"] == {"key": "czNjcjN0"}
+    kubectl("get", "serviceaccount", "bot", "-n", "made-by-create")
+    kubectl("delete", "namespace", "made-by-create")
+    assert kubectl("get", "namespace", "made-by-create", check=False).returncode != 0
+
+
 def test_delete(kubectl: Callable[..., subprocess.CompletedProcess[str]], widget: str) -> None:
     assert 'widget.example.com "w1" deleted' in kubectl("delete", "widget", "w1").stdout
     missing = kubectl("get", "widget", "w1", check=False)

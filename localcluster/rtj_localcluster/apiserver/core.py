@@ -736,7 +736,7 @@ class Cluster:
         elif key in (("", "persistentvolumeclaims"), ("", "persistentvolumes")):
             obj = {**obj, "status": {"phase": "Pending"}}
         elif key == ("", "secrets"):
-            obj.setdefault("type", "Opaque")
+            obj = {**obj, "type": obj.get("type") or "Opaque"}
         elif key == CRDS:
             obj = {**obj, "status": self._crd_status(obj)}
         return obj

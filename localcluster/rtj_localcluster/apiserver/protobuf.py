@@ -1,10 +1,11 @@
 """Decoding of the Kubernetes protobuf encoding for the few kinds clients send that way.
 
-Typed client-go clientsets (Helm's release storage among them) send ``application/vnd.kubernetes
-.protobuf`` request bodies and do not fall back to JSON on 415. This module decodes the envelope
-(``k8s\\0`` + ``runtime.Unknown``) and the messages such clients write: Secret, ConfigMap (with
-ObjectMeta) and DeleteOptions, into the JSON form the rest of the server uses. Responses stay JSON,
-which client-go accepts. Field numbers are those of k8s.io/api's generated.proto files.
+Typed client-go clientsets (Helm's release storage, ``kubectl create``) send
+``application/vnd.kubernetes.protobuf`` request bodies and do not fall back to JSON on 415. This
+module decodes the envelope (``k8s\\0`` + ``runtime.Unknown``) and the messages such clients write:
+Secret, ConfigMap, Namespace, ServiceAccount (with ObjectMeta) and DeleteOptions, into the JSON
+form the rest of the server uses. Responses stay JSON, which client-go accepts. Field numbers are
+those of k8s.io/api's generated.proto files.
 """
 
 from __future__ import annotations
@@ -143,6 +144,30 @@ def _config_map(raw: bytes) -> dict[str, Any]:
     return obj
 
 
+def _namespace(raw: bytes) -> dict[str, Any]:
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Namespace"}
+    for number, _, field in _fields(raw):
+        if number == 1:
+            obj["metadata"] = _object_meta(field)
+        elif number == 2:
+            finalizers = [v.decode() for n, _, v in _fields(field) if n == 1]
+            obj["spec"] = {"finalizers": finalizers} if finalizers else {}
+    return obj
+
+
+def _service_account(raw: bytes) -> dict[str, Any]:
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": "ServiceAccount"}
+    for number, _, field in _fields(raw):
+        if number == 1:
+            obj["metadata"] = _object_meta(field)
+        elif number == 3:
+            name = next((v.decode() for n, _, v in _fields(field) if n == 1), "")
+            obj.setdefault("imagePullSecrets", []).append({"name": name})
+        elif number == 4:
+            obj["automountServiceAccountToken"] = bool(field)
+    return obj
+
+
 def _delete_options(raw: bytes) -> dict[str, Any]:
     options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
     for number, _, field in _fields(raw):
@@ -165,6 +190,8 @@ def _delete_options(raw: bytes) -> dict[str, Any]:
 _DECODERS: dict[str, Callable[[bytes], dict[str, Any]]] = {
     "Secret": _secret,
     "ConfigMap": _config_map,
+    "Namespace": _namespace,
+    "ServiceAccount": _service_account,
     "DeleteOptions": _delete_options,
 }
 
