@@ -103,3 +103,19 @@ def test_helm_install_upgrade_uninstall(
     run("helm", "uninstall", "demo", "--wait", "--timeout", "120s")
     remaining = run("kubectl", "get", "configmaps,secrets,roles", "-o", "name").stdout
     assert "demo" not in remaining
+
+
+def test_helm_installs_the_projects_chart(run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    chart = REPO / "charts" / "resilient-training-operator"
+    run("helm", "install", "rtj", str(chart), "-n", "rtj-system", "--create-namespace", "--timeout", "120s")
+    run("kubectl", "get", "crd", "resilienttrainingjobs.resilient.training")
+    deployments = json.loads(run("kubectl", "get", "deployments", "-n", "rtj-system", "-o", "json").stdout)[
+        "items"
+    ]
+    assert [d["metadata"]["labels"]["app.kubernetes.io/managed-by"] for d in deployments] == ["Helm"]
+    run("kubectl", "get", "serviceaccounts,services,networkpolicies", "-n", "rtj-system")
+    run("helm", "uninstall", "rtj", "-n", "rtj-system", "--wait", "--timeout", "120s")
+    assert (
+        json.loads(run("kubectl", "get", "deployments", "-n", "rtj-system", "-o", "json").stdout)["items"]
+        == []
+    )

@@ -17,7 +17,9 @@ from typing import Any
 
 from .resources import Registry, ResourceType
 
-OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
+# The response type a real server sends (the request asks for the deprecated "...v2@v1.0+protobuf",
+# which is not a valid media type for strict parsers such as Go's mime package).
+OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 
 
 def _gv_path(group: str, version: str) -> str:

@@ -157,6 +157,8 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         "policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True, short=("pdb",), sub=("status",)
     ),
     _grp("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False, short=("pc",)),
+    _grp("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True, short=("netpol",)),
+    _grp("networking.k8s.io", "v1", "Ingress", "ingresses", True, short=("ing",), sub=("status",)),
     _grp(
         "apiextensions.k8s.io",
         "v1",
