@@ -355,7 +355,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--state-dir", default=str(default_state_dir()), help="default: $RTJ_LOCAL_DIR or ~/.rtj/local"
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{up,down,status,node,pod}")
 
     def cluster_options(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--nodes", type=int, default=2, help="simulated nodes (default 2)")
@@ -384,7 +384,7 @@ def _parser() -> argparse.ArgumentParser:
     down.set_defaults(func=_down)
     commands.add_parser("status", parents=[common], help="nodes and pods").set_defaults(func=_status)
     node = commands.add_parser(
-        "node", parents=[common], help="node faults: kill, partition, heal, delete, add"
+        "node", parents=[common], help="node faults: kill, partition, notready, heal, delete, add"
     )
     node.add_argument("action", choices=["kill", "partition", "notready", "heal", "delete", "add"])
     node.add_argument("name", nargs="?", help="node name (optional for add)")
@@ -397,7 +397,7 @@ def _parser() -> argparse.ArgumentParser:
     pod.add_argument("pod", help="NAMESPACE/POD (namespace defaults to default)")
     pod.add_argument("--container", default=None)
     pod.set_defaults(func=_pod_kill)
-    daemon = commands.add_parser("_daemon", parents=[common], help=argparse.SUPPRESS)
+    daemon = commands.add_parser("_daemon", parents=[common])
     cluster_options(daemon)
     daemon.set_defaults(func=_daemon)
     return parser
