@@ -325,6 +325,49 @@ spec:
     assert kubectl("logs", "pod/logger", "-c", "side").stdout == "hello from side\n"
     # Without -c kubectl defaults to the first container.
     assert kubectl("logs", "logger").stdout == "hello from main\n"
+    wide = _table(kubectl("get", "pod", "logger", "-o", "wide").stdout)
+    assert (
+        wide[0][:7] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE"] and wide[1][6] == "node-a"
+    )
+
+    # logs -f streams what the kubelet appends and ends when the container has terminated.
+    with subprocess.Popen(
+        ["kubectl", f"--kubeconfig={api.kubeconfig_path}", "logs", "-f", "logger", "-c", "side"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as follower:
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "hello from side\n"
+        with (directory / "side.log").open("a") as log:
+            log.write("appended later\n")
+        assert follower.stdout.readline() == "appended later\n"
+        terminated = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+        status = {
+            "phase": "Succeeded",
+            "containerStatuses": [
+                {
+                    "name": n,
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "busybox:1",
+                    "imageID": "",
+                    "state": terminated,
+                }
+                for n in ("main", "side")
+            ],
+        }
+        kubectl(
+            "patch",
+            "pod",
+            "logger",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": status}),
+        )
+        assert follower.wait(60) == 0
+    assert _table(kubectl("get", "pod", "logger").stdout)[1][2] == "Completed"
     kubectl("delete", "pod", "logger", "--grace-period=0", "--force")
 
 
@@ -341,6 +384,16 @@ def test_kubectl_create_sends_protobuf(kubectl: Callable[..., subprocess.Complet
     kubectl("get", "serviceaccount", "bot", "-n", "made-by-create")
     kubectl("delete", "namespace", "made-by-create")
     assert kubectl("get", "namespace", "made-by-create", check=False).returncode != 0
+
+
+def test_server_side_apply(kubectl: Callable[..., subprocess.CompletedProcess[str]], widget: str) -> None:
+    manifest = WIDGET.replace("name: w1", "name: w-ssa").replace("size: 3", "size: 2\n  color: blue")
+    assert "serverside-applied" in kubectl("apply", "--server-side", "-f", "-", stdin=manifest).stdout
+    # Dropping a field from the applied configuration removes it (the schema default comes back).
+    kubectl("apply", "--server-side", "-f", "-", stdin=manifest.replace("\n  color: blue", ""))
+    obj = json.loads(kubectl("get", "widget", "w-ssa", "-o", "json").stdout)
+    assert obj["spec"] == {"size": 2, "color": "red"}
+    kubectl("delete", "widget", "w-ssa")
 
 
 def test_delete(kubectl: Callable[..., subprocess.CompletedProcess[str]], widget: str) -> None:
