@@ -515,10 +515,37 @@ class _Pass:
                 del self.pods[(constants.ROLE_SPARE, k)]
                 self.spares_taken.add(k)
 
+    def pinned_nodes(self, *, except_index: int | None = None) -> set[str]:
+        """Nodes that replacement workers still being created are pinned to."""
+        return {
+            e["nodeName"]
+            for e in self.entries.values()
+            if e["role"] == constants.ROLE_WORKER
+            and e["state"] == CREATING
+            and e["nodeName"]
+            and e["index"] != except_index
+        }
+
+    def stale_pin(self, index: int, node: str) -> bool:
+        """A pin that can no longer be honoured: the node is gone, excluded, unfit or taken."""
+        if node not in self.observed.nodes or node in self.excluded_names():
+            return True
+        for (role, other), pod in self.pods.items():
+            if (
+                pod.node_name == node
+                and not pod.deleting
+                and not (role == constants.ROLE_WORKER and other == index)
+            ):
+                return True
+        return False
+
     def create_worker(
         self, index: int, node_name: str | None, *, replacement: bool, replaced_node: str
     ) -> None:
         excluded = self.excluded_names()
+        if not node_name:
+            # Keep unpinned workers off the nodes that replacements are pinned to (spares' nodes).
+            excluded = sorted(set(excluded) | self.pinned_nodes(except_index=index))
         manifest = copy.deepcopy(self.job.renderer.worker(index, excluded, node_name or None))
         if replacement:
             annotations = manifest.setdefault("metadata", {}).setdefault("annotations", {})
@@ -576,7 +603,30 @@ class _Pass:
                 # Not yet counted (never seen running): remove it and create it again elsewhere.
                 self.delete_pod(pod, force=True)
                 return
+            if (
+                not pod.node_name
+                and entry["nodeName"]
+                and not pod.deleting
+                and self.stale_pin(index, entry["nodeName"])
+            ):
+                # Pinned to a spare's node that another pod took meanwhile: the scheduler would
+                # wait forever. Not yet started, so it is simply created again, unpinned.
+                entry["nodeName"] = ""
+                self.delete_pod(pod, force=True)
+                return
         self.sync_entry_from_pod(entry, pod)
+
+    def record_spare_faults(self) -> None:
+        """Count faults of the spares' nodes before any pod is created, so every pod created in this
+        pass is kept off a node excluded in it."""
+        for k in range(self.job.hot_spares):
+            pod = self.pods.get((constants.ROLE_SPARE, k))
+            entry = self.entry(constants.ROLE_SPARE, k)
+            if pod is None or entry["state"] not in OBSERVED_ON_NODE or entry["nodeName"] != pod.node_name:
+                continue
+            problem = self.problem(pod)
+            if problem is not None:
+                self.record_node_fault(pod.node_name, problem)
 
     def run_spare(self, index: int) -> None:
         entry = self.entry(constants.ROLE_SPARE, index)
@@ -715,6 +765,7 @@ def reconcile(job: JobView, observed: Observed, now: datetime) -> Plan:
         losses = [loss for loss in (run.detect_loss(i) for i in range(nodes)) if loss is not None]
         alive = not losses or run.handle_losses(losses)
         if alive:
+            run.record_spare_faults()
             first_start = run.start_time is None
             for index in range(nodes):
                 run.run_worker(index)

@@ -153,7 +153,9 @@ class World:
             pod = self.pods.get(action.name)
             if pod is None or pod["metadata"]["uid"] != action.uid:
                 return
-            if action.grace_seconds == 0:
+            # As the API server does: a force delete, or the delete of a pod not bound to a node yet,
+            # removes the pod at once; otherwise its kubelet finishes the deletion.
+            if action.grace_seconds == 0 or not pod["spec"].get("nodeName"):
                 del self.pods[action.name]
             else:
                 pod["metadata"]["deletionTimestamp"] = format_time(self.now)
