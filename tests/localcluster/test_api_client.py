@@ -316,3 +316,56 @@ def test_pod_logs(api: ApiServer, core: client.CoreV1Api, tmp_path: Path) -> Non
     assert core.read_namespaced_pod_log("logger", "default") == "one\ntwo\nthree\n"
     assert core.read_namespaced_pod_log("logger", "default", tail_lines=1) == "three\n"
     core.delete_namespaced_pod("logger", "default", grace_period_seconds=0)
+
+
+def test_deleting_a_crd_removes_its_objects_and_ends_watches(api: ApiServer, core: client.CoreV1Api) -> None:
+    api_client = core.api_client
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "blips.client.example.com"},
+        "spec": {
+            "group": "client.example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "blips", "kind": "Blip"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],
+        },
+    }
+    client.ApiextensionsV1Api(api_client).create_custom_resource_definition(crd)
+    custom = client.CustomObjectsApi(api_client)
+    body = {"apiVersion": "client.example.com/v1", "kind": "Blip", "metadata": {"name": "b"}, "data": 1}
+    created = custom.create_namespaced_custom_object("client.example.com", "v1", "default", "blips", body)
+    assert created["data"] == 1  # preserved unknown fields at the root
+    types: list[str] = []
+
+    def follow() -> None:
+        for event in watch.Watch().stream(
+            custom.list_namespaced_custom_object,
+            "client.example.com",
+            "v1",
+            "default",
+            "blips",
+            resource_version=created["metadata"]["resourceVersion"],
+            timeout_seconds=120,
+        ):
+            types.append(event["type"])
+
+    watching = api.call(lambda cluster: cluster.store.watcher_count())
+    thread = threading.Thread(target=follow)
+    thread.start()
+    poll(lambda: api.call(lambda cluster: cluster.store.watcher_count()) > watching, what="the watch")
+    client.ApiextensionsV1Api(api_client).delete_custom_resource_definition("blips.client.example.com")
+    thread.join(120)
+    assert not thread.is_alive() and types == ["DELETED"]
+    with pytest.raises(ApiException) as gone:
+        custom.list_namespaced_custom_object("client.example.com", "v1", "default", "blips")
+    assert gone.value.status == 404

@@ -112,3 +112,9 @@ def test_orphan_deletion_keeps_dependents(core: client.CoreV1Api) -> None:
     # The references to the owner are gone in the same request, so nothing can collect it later.
     dep = core.read_namespaced_secret("or-dep", "default")
     assert not dep.metadata.owner_references
+
+
+def test_dependent_of_a_missing_owner_is_collected(core: client.CoreV1Api) -> None:
+    ghost = client.V1OwnerReference(api_version="v1", kind="ConfigMap", name="ghost", uid="no-such-uid")
+    _dependent(core, "orphaned-at-birth", ghost)
+    poll(lambda: not _exists(core.read_namespaced_secret, "orphaned-at-birth"), what="collection")

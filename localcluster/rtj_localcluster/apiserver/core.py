@@ -840,7 +840,11 @@ class Cluster:
             name = obj["metadata"]["name"]
             if self.store.get(sa_type.storage_key, name, "default") is None:
                 self.create(sa_type, name, {"metadata": {"name": "default"}})
-        if obj["metadata"].get("deletionTimestamp"):
+        refs = obj["metadata"].get("ownerReferences")
+        # A new owner reference may point at an owner that is already gone: the collector decides.
+        if obj["metadata"].get("deletionTimestamp") or (
+            refs and refs != ((old or {}).get("metadata") or {}).get("ownerReferences")
+        ):
             self._wake_gc()
 
     def _after_remove(self, rt: ResourceType, obj: Obj) -> None:
@@ -857,6 +861,8 @@ class Cluster:
             for item in list(self.store.items((group, plural))):
                 self.store.remove((group, plural), item)
             self.registry.remove_crd(name)
+            # Watches of the removed resource end, as on a real server; clients re-list and get 404.
+            self.store.close_watchers((group, plural))
             for schema_key in [k for k in self.schemas if k[0] == group and k[2] == plural]:
                 del self.schemas[schema_key]
         self._wake_gc()

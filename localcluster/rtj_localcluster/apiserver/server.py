@@ -546,8 +546,10 @@ class App:
                         await response.write(frame("BOOKMARK", self._bookmark(rt)))
                         next_bookmark = time.monotonic() + self.bookmark_interval
                     continue
+                if event_type == "CLOSED":
+                    break
                 await response.write(frame(event_type, self.cluster.view(rt, obj)))
-                while not watcher.queue.empty():
+                while not watcher.queue.empty() and not watcher.closed:
                     event_type, obj = watcher.queue.get_nowait()
                     await response.write(frame(event_type, self.cluster.view(rt, obj)))
         except (ConnectionResetError, asyncio.CancelledError):

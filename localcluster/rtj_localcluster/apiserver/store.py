@@ -37,6 +37,7 @@ class Watcher:
     namespace: str | None
     predicate: Callable[[dict[str, Any]], bool]
     queue: asyncio.Queue[tuple[str, dict[str, Any]]] = field(default_factory=asyncio.Queue)
+    closed: bool = False
 
     def offer(self, event: Event) -> None:
         """Queue the event as this watcher sees it: an object that stops matching the filter is
@@ -133,6 +134,12 @@ class Store:
                     watcher.offer(event)
         self._watchers.setdefault(watcher.key, set()).add(watcher)
         return True
+
+    def close_watchers(self, key: Key) -> None:
+        """End every watch of ``key`` (its resource type went away)."""
+        for watcher in self._watchers.pop(key, set()):
+            watcher.closed = True
+            watcher.queue.put_nowait(("CLOSED", {}))
 
     def unsubscribe(self, watcher: Watcher) -> None:
         self._watchers.get(watcher.key, set()).discard(watcher)
