@@ -1,7 +1,8 @@
 """docs/localcluster.md stays true: its table of served resources equals the API server's discovery
 documents, and the limits it states hold (legacy discovery only, 415 for strategic merge patches of
 custom resources and for unknown protobuf bodies, unsupported CEL rules accepted with a warning and
-not evaluated)."""
+not evaluated); plus spot checks at the HTTP level of what it says is implemented (legacy watch
+paths, YAML bodies, Tables, metadata-only lists, Status errors)."""
 
 from __future__ import annotations
 
@@ -173,3 +174,73 @@ def test_stated_limits_hold(http: Http) -> None:
         {"Content-Type": "application/vnd.kubernetes.protobuf"},
     )
     assert status == 415, body
+
+
+def test_raw_http_semantics(http: Http) -> None:
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "raw"}, "data": {"a": "1"}}
+    status, _, created = http.request(
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        json.dumps(cm).encode(),
+        {"Content-Type": "application/json"},
+    )
+    assert status == 201
+    # YAML bodies are accepted too.
+    status, _, _ = http.request(
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: from-yaml}\n",
+        {"Content-Type": "application/yaml"},
+    )
+    assert status == 201
+    # The legacy /watch/ path streams the same events (here: the objects that exist, then a timeout).
+    req = urllib.request.Request(
+        http.base + "/api/v1/watch/namespaces/default/configmaps?timeoutSeconds=1", method="GET"
+    )
+    with urllib.request.urlopen(req, context=http.context, timeout=60) as response:
+        events = [json.loads(line) for line in response.read().splitlines()]
+    assert ("ADDED", "raw") in [(e["type"], e["object"]["metadata"]["name"]) for e in events]
+
+    table = http.get(
+        "/api/v1/namespaces/default/configmaps/raw",
+        headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+    )
+    assert table["kind"] == "Table" and [c["name"] for c in table["columnDefinitions"]] == [
+        "Name",
+        "Data",
+        "Age",
+    ]
+    assert table["rows"][0]["cells"][:2] == ["raw", 1]
+    assert table["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
+    meta_list = http.get(
+        "/api/v1/namespaces/default/configmaps",
+        headers={"Accept": "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"},
+    )
+    assert meta_list["kind"] == "PartialObjectMetadataList" and "data" not in meta_list["items"][0]
+
+    expectations = [
+        ("POST", "/api/v1/namespaces/default/configmaps", b"{not json", 400, "BadRequest"),
+        ("GET", "/api/v1/namespaces/default/nothings", None, 404, "NotFound"),
+        ("PUT", "/api/v1/namespaces/default/configmaps", b"{}", 405, "MethodNotAllowed"),
+        ("POST", "/api/v1/namespaces/default/configmaps", json.dumps(cm).encode(), 409, "AlreadyExists"),
+        ("DELETE", "/api/v1/namespaces/default/configmaps/missing", None, 404, "NotFound"),
+    ]
+    for method, path, body, code, reason in expectations:
+        status, _, answer = http.request(method, path, body, {"Content-Type": "application/json"})
+        assert (status, answer["reason"], answer["code"], answer["kind"]) == (code, reason, code, "Status"), (
+            path
+        )
+    stale = {**created, "data": {"a": "2"}}
+    http.request(
+        "PUT",
+        "/api/v1/namespaces/default/configmaps/raw",
+        json.dumps({**created, "data": {"a": "3"}}).encode(),
+        {"Content-Type": "application/json"},
+    )
+    status, _, answer = http.request(
+        "PUT",
+        "/api/v1/namespaces/default/configmaps/raw",
+        json.dumps(stale).encode(),
+        {"Content-Type": "application/json"},
+    )
+    assert (status, answer["reason"]) == (409, "Conflict")
