@@ -321,7 +321,9 @@ class PodWorker:
     async def _prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "work").mkdir(exist_ok=True)
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"rtj-{self.uid[:8]}-"))
+        # /tmp rather than the host's TMPDIR, which may be long: the pod's IPC socket paths grow from here.
+        short_root = "/tmp" if os.path.isdir("/tmp") else None
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"rtj-{self.uid[:8]}-", dir=short_root))
         self.pod_ip = self.kubelet.ips.allocate()
         self._dirty.set()
         await self._write_service_account()

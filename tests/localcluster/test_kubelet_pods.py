@@ -7,6 +7,7 @@ tests use the session's shared local cluster and skip against a real one.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -254,8 +255,11 @@ def test_killed_container_is_restarted_per_policy(
     wait_phase(api, namespace, "always", "Running")
     pod_dir = shared_local_cluster.pod_dir(namespace, "always")
     assert pod_dir is not None
-    log_text = wait_for(lambda: (pod_dir / "main.log").read_text().strip(), message="the child's pid")
-    child = int(log_text.split()[1])
+    found = wait_for(
+        lambda: re.search(r"^child (\d+)$", (pod_dir / "main.log").read_text(), re.MULTILINE),
+        message="the child's pid",
+    )
+    child = int(found.group(1))
     assert shared_local_cluster.kill_container(namespace, "always", "main") >= 2
 
     def restarted() -> dict[str, Any] | None:
