@@ -321,9 +321,7 @@ class PodWorker:
     async def _prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "work").mkdir(exist_ok=True)
-        # /tmp rather than the host's TMPDIR, which may be long: the pod's IPC socket paths grow from here.
-        short_root = "/tmp" if os.path.isdir("/tmp") else None
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"rtj-{self.uid[:8]}-", dir=short_root))
+        self.tmp_dir = _short_temp_dir(f"rtj-{self.uid[:8]}-")
         self.pod_ip = self.kubelet.ips.allocate()
         self._dirty.set()
         await self._write_service_account()
@@ -662,6 +660,12 @@ class PodWorker:
             task.cancel()
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+
+def _short_temp_dir(prefix: str) -> Path:
+    # /tmp rather than the host's TMPDIR, which may be long: the pod's IPC socket paths grow from here.
+    root = "/tmp" if os.path.isdir("/tmp") else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
 
 
 def _host_path(source: Mapping[str, Any]) -> str:
