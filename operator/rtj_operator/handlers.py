@@ -159,7 +159,8 @@ async def reconcile_job(ctx: OperatorContext, key: JobKey, runner: JobRunner) ->
         except JobValidationError:
             return await _invalid(ctx, fresh)
         pods = await asyncio.to_thread(ctx.kube.list_pods, namespace, name)
-        observed = observe.observe(pods, _nodes(ctx), ensure_base=ensure_base, offsets=runner.offsets)
+        nodes = await _nodes_confirmed(ctx, pods, view.status)
+        observed = observe.observe(pods, nodes, ensure_base=ensure_base, offsets=runner.offsets)
         plan = reconcile.reconcile(view, observed, _now())
         body = fresh
 
@@ -196,6 +197,27 @@ async def reconcile_job(ctx: OperatorContext, key: JobKey, runner: JobRunner) ->
     if plan.requeue_after is not None:
         await trigger(ctx, key, delay=plan.requeue_after)
     return "acted" if plan.actions or plan.status_changed else "idle"
+
+
+async def _nodes_confirmed(
+    ctx: OperatorContext, pods: list[dict[str, Any]], status: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The indexed nodes, plus any node a pod or status refers to that the index does not know yet.
+
+    A node missing from the index reads as deleted, which excludes it for good; the node watch can
+    lag the pod watch (a pod bound to a node added a moment ago), so absence is confirmed by a read.
+    """
+    nodes = _nodes(ctx)
+    known = {n.get("metadata", {}).get("name") for n in nodes}
+    referenced = {p.get("spec", {}).get("nodeName") for p in pods}
+    referenced |= {
+        e.get("nodeName") for e in (status.get("workers") or {}).get("pods") or [] if isinstance(e, dict)
+    }
+    for name in sorted(n for n in referenced if n and n not in known):
+        node = await asyncio.to_thread(ctx.kube.get_node, name)
+        if node is not None:
+            nodes.append(node)
+    return nodes
 
 
 async def _invalid(ctx: OperatorContext, body: Mapping[str, Any]) -> str:

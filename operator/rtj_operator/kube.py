@@ -176,6 +176,14 @@ class Kube:
                 return None
             raise
 
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", RESOURCES["Node"].path(None, name))
+        except kubernetes.client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         path = RESOURCES["Pod"].path(namespace)
         result = self._call("GET", path, query=[("labelSelector", f"{constants.LABEL_JOB}={job}")])
