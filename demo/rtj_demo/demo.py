@@ -29,6 +29,7 @@ from rtj_demo.rehearsal import (
     Observation,
     PlannedFault,
     Stack,
+    mid_interval,
     run_job,
 )
 from rtj_demo.report import INTENDED_LAYER, RunReport, format_table
@@ -37,17 +38,22 @@ DEFAULT_STEPS = 300
 QUICK_STEPS = 120
 
 
+def checkpoint_interval(steps: int) -> int:
+    return max(5, steps // 15)
+
+
 def fault_plan(steps: int) -> list[PlannedFault]:
     """One fault of each class, spread over the run so each recovery ends before the next fault.
 
     Ranks 0-1 run on worker 0, ranks 2-3 on worker 1; the lost node is worker 1's (worker 0 hosts
     the rendezvous store: losing it is a gang restart, a different story).
     """
+    interval = checkpoint_interval(steps)
     return [
-        PlannedFault("exception", max(2, steps * 15 // 100), rank=1),
-        PlannedFault("sigkill", steps * 35 // 100, rank=2),
-        PlannedFault("hang", steps * 55 // 100, rank=3),
-        PlannedFault("node-loss", steps * 75 // 100),
+        PlannedFault("exception", mid_interval(steps * 15 // 100, interval), rank=1),
+        PlannedFault("sigkill", mid_interval(steps * 35 // 100, interval), rank=2),
+        PlannedFault("hang", mid_interval(steps * 55 // 100, interval), rank=3),
+        PlannedFault("node-loss", mid_interval(steps * 75 // 100, interval)),
     ]
 
 
@@ -140,7 +146,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     plan = fault_plan(args.steps)
     settings = JobSettings(
-        name="demo", steps=args.steps, checkpoint_interval=max(5, args.steps // 15), plan=plan
+        name="demo", steps=args.steps, checkpoint_interval=checkpoint_interval(args.steps), plan=plan
     )
     run_id = processes.tag_environment()
     live = LiveLine(interval=10.0)

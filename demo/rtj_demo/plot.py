@@ -65,12 +65,16 @@ def _draw_run(ax: Any, timeline: Timeline, report: RunReport | None, origin: flo
         )
 
 
-def plot_timeline(timeline: Timeline, report: RunReport | None, path: Path, *, title: str = "") -> Path:
+def plot_timeline(
+    timeline: Timeline, report: RunReport | None, path: Path, *, title: str = "", dpi: int = 110
+) -> Path:
     """Write one run's timeline as a PNG at `path` and return the path."""
-    return plot_runs([(title or "training", timeline, report)], path, title=title)
+    return plot_runs([(title or "training", timeline, report)], path, title=title, dpi=dpi)
 
 
-def plot_runs(runs: Sequence[tuple[str, Timeline, RunReport | None]], path: Path, *, title: str = "") -> Path:
+def plot_runs(
+    runs: Sequence[tuple[str, Timeline, RunReport | None]], path: Path, *, title: str = "", dpi: int = 110
+) -> Path:
     """Write one panel per run (label, timeline, report), sharing the time axis, as a PNG."""
     if not runs:
         raise ValueError("nothing to plot")
@@ -90,7 +94,7 @@ def plot_runs(runs: Sequence[tuple[str, Timeline, RunReport | None]], path: Path
             fig.suptitle(title, fontsize=10)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=dpi)
     finally:
         plt.close(fig)
     return path

@@ -74,6 +74,13 @@ class PlannedFault:
         return f"{self.kind}@step={self.step}{rank}"
 
 
+def mid_interval(step: int, interval: int) -> int:
+    """`step` moved to the middle of its checkpoint interval. A fault just after a save would meet that
+    save committed (sync) or still being written (async: resume from the one before), which would
+    make the comparison of checkpoint modes depend on where the plan happened to fall."""
+    return (step // interval) * interval + interval // 2
+
+
 def rtj_faults(plan: Sequence[PlannedFault]) -> str:
     """The RTJ_FAULTS value for the trainer's share of the plan (format: rtj_trainer.faults)."""
     return ";".join(f.rtj_faults_entry() for f in plan if f.kind != "node-loss")

@@ -23,7 +23,9 @@ def test_quick_keeps_all_four_fault_classes_in_order() -> None:
     assert [f.step for f in plan] == sorted(f.step for f in plan)
     assert all(0 < f.step < args.steps for f in plan)
     # The trainer's share goes through RTJ_FAULTS; the node loss is the demo's own.
-    assert rtj_faults(plan) == "exception@step=18,rank=1;sigkill@step=42,rank=2;hang@step=66,rank=3"
+    # Each fault sits mid-way between two checkpoints (every 8 steps here).
+    assert all(f.step % 8 == 4 for f in plan)
+    assert rtj_faults(plan) == "exception@step=20,rank=1;sigkill@step=44,rank=2;hang@step=68,rank=3"
 
 
 def test_options_are_checked() -> None:
