@@ -48,7 +48,7 @@ FINISHED = re.compile(
     r"checkpoint_blocking_seconds=([\d.]+) saves=(\d+)"
 )
 # The efficiency model: ~17M parameters (+ Adam state: ~200 MB per save) and a small batch, so a step
-# takes a few tenths of a second and a sync save costs more than a third of the time at interval 5.
+# takes a few tenths of a second and a sync save costs a third of the time or more at interval 2.
 EFFICIENCY_MODEL = ("--hidden", "512", "--layers", "8", "--vocab", "256", "--seq-len", "16", "--batch", "2")
 
 
@@ -107,11 +107,26 @@ def run_single(workdir: Path, *, steps: int, interval: int, mode: str) -> dict[s
     }
 
 
-def bench_efficiency(base: Path, steps: int, interval: int) -> dict[str, Any]:
-    result: dict[str, Any] = {"steps": steps, "intervalSteps": interval, "model": " ".join(EFFICIENCY_MODEL)}
-    result["none"] = run_single(base / "none", steps=steps, interval=10 * steps, mode="Async")
-    result["sync"] = run_single(base / "sync", steps=steps, interval=interval, mode="Sync")
-    result["async"] = run_single(base / "async", steps=steps, interval=interval, mode="Async")
+def bench_efficiency(base: Path, steps: int, interval: int, repeats: int) -> dict[str, Any]:
+    """Each mode ``repeats`` times, interleaved; the best run of each counts (other tenants of a
+    shared machine only ever slow a run down)."""
+    result: dict[str, Any] = {
+        "steps": steps,
+        "intervalSteps": interval,
+        "model": " ".join(EFFICIENCY_MODEL),
+        "repeats": repeats,
+    }
+    runs: dict[str, list[dict[str, float]]] = {"none": [], "sync": [], "async": []}
+    for attempt in range(repeats):
+        runs["none"].append(
+            run_single(base / f"none-{attempt}", steps=steps, interval=10 * steps, mode="Async")
+        )
+        runs["sync"].append(run_single(base / f"sync-{attempt}", steps=steps, interval=interval, mode="Sync"))
+        runs["async"].append(
+            run_single(base / f"async-{attempt}", steps=steps, interval=interval, mode="Async")
+        )
+    for mode, mode_runs in runs.items():
+        result[mode] = {**min(mode_runs, key=lambda r: r["loopSeconds"]), "runs": mode_runs}
     # Throughput against the run without saves: on a CPU-only machine the async writer also competes
     # with training for the same cores, which useful/loop alone would hide (step times grow).
     for mode in ("sync", "async"):
@@ -321,8 +336,9 @@ def bench_killsaves(base: Path, trials: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="efficiency,blocking,recovery,killsaves")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--interval", type=int, default=5, help="checkpoint interval of the efficiency runs")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--interval", type=int, default=2, help="checkpoint interval of the efficiency runs")
+    p.add_argument("--efficiency-repeats", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--faults", type=int, default=5, help="faults per recovery layer")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0)
@@ -339,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rtj-trainer-bench-") as tmp:
         base = Path(tmp)
         if "efficiency" in sections:
-            report["efficiency"] = bench_efficiency(base / "efficiency", args.steps, args.interval)
+            report["efficiency"] = bench_efficiency(
+                base / "efficiency", args.steps, args.interval, args.efficiency_repeats
+            )
         if "blocking" in sections:
             report["blocking"] = bench_blocking(base, args.repeats)
         if "recovery" in sections:

@@ -30,7 +30,7 @@ def test_two_nodes_train_converge_and_commit_the_final_checkpoint(tmp_path: Path
         assert reports[-1]["finished"] is True and reports[-1]["step"] == 40
         first_loss = reports[0]["loss"]
         assert reports[-1]["loss"] < 0.5 * first_loss < math.log(64)
-        assert reports[-1]["restarts"] == {"inProcess": 0, "inJob": 0}
+        assert reports[-1]["restarts"] == {"inProcess": 0, "inJob": 0}, (reports[-1], run.logs[node][-4000:])
         assert reports[-1]["lastCheckpoint"]["step"] == 40
     final = checkpoint.newest_complete(tmp_path / "checkpoints", 4)
     assert final is not None and final.step == 40

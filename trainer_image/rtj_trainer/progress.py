@@ -228,7 +228,10 @@ def train_start_time(checkpoint_dir: str | os.PathLike[str], now: float) -> floa
 class Reporter:
     """Throttles reports to the sink and persists the node state."""
 
-    def __init__(self, sink: Sink, checkpoint_dir: str, interval_seconds: float) -> None:
+    def __init__(
+        self, sink: Sink, checkpoint_dir: str, interval_seconds: float, *, enabled: bool = True
+    ) -> None:
+        self.enabled = enabled  # only local rank 0 of a node reports
         self.sink = sink
         self.checkpoint_dir = checkpoint_dir
         self.interval = interval_seconds
@@ -236,7 +239,7 @@ class Reporter:
 
     def report(self, p: Progress, *, force: bool = False) -> bool:
         now = time.time()
-        if not force and now - self._last < self.interval:
+        if not self.enabled or (not force and now - self._last < self.interval):
             return False
         self._last = now
         report = progress_json(p, now)

@@ -16,6 +16,7 @@ the wrapper's store on MASTER_PORT+2 (both hosted by rank 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -198,6 +199,7 @@ class Trainer:
             make_sink(env.progress_sink, env.namespace, env.pod_name) if self.local_rank == 0 else NoSink(),
             self.checkpoint_dir,
             env.progress_interval_seconds,
+            enabled=self.local_rank == 0,
         )
         # The process groups' store lives across in-process iterations; each iteration uses a prefix.
         self.pg_store = dist.TCPStore(  # type: ignore[attr-defined]
@@ -250,7 +252,7 @@ class Trainer:
         )
         iteration_started = time.time()
         try:
-            result = self._train(iteration)
+            result = self._train(iteration, call_wrapper)
         except BaseException:
             now = time.time()
             # The fault is the newest one fired during this iteration (an injected one, on any rank),
@@ -262,7 +264,7 @@ class Trainer:
         dist.destroy_process_group()
         return result
 
-    def _train(self, iteration: int) -> int:
+    def _train(self, iteration: int, call_wrapper: Any) -> int:
         self.heartbeats.connect()
         self.progress.restarts_in_process = self.in_process_base + iteration
         model = shard_model(build_model(self.cfg, self.device), self.device.type)
@@ -309,7 +311,10 @@ class Trainer:
             self.ckpt.start_writer()
             blocking = 0.0
             if (step + 1) % self.interval == 0 and step + 1 < steps:
-                blocking = self._save(step + 1, loss_value)
+                # Not interrupted half-way by a restart: the writer's queue and the pending save
+                # must stay in step.
+                with call_wrapper.atomic() if call_wrapper is not None else contextlib.nullcontext():
+                    blocking = self._save(step + 1, loss_value)
             if self.ckpt.poll():
                 force = True
             self._update_progress(step + 1, step_seconds, blocking, loss_value)
@@ -326,9 +331,6 @@ class Trainer:
         return 0
 
     def _resume(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, str]:
-        # A save still in flight from before the fault finishes first: it may complete a checkpoint,
-        # and no writer may still be writing into a directory that rank 0 discards below.
-        self.ckpt.wait(timeout=None)
         mem = self.memory
         usable = mem.tensors is not None and mem.consistent and mem.world_size == self.world_size
         mem_step = mem.step if usable else -1
@@ -339,6 +341,11 @@ class Trainer:
             assert mem.tensors is not None
             restore_local_state(model, opt, mem.tensors)
             return mem.step, "memory"
+        # A save still in flight from before the fault finishes first: it may complete a checkpoint,
+        # and no writer may still be writing into a directory that rank 0 discards below. (Resuming
+        # from memory does not wait: the save goes on in the background.)
+        self.ckpt.wait(timeout=None)
+        dist.barrier()
         newest = torch.tensor(
             [self.ckpt.newest_step() if self.rank == 0 else -1], dtype=torch.long, device=self.device
         )
