@@ -983,7 +983,8 @@ class Cluster:
                 namespaced=spec.get("scope") == "Namespaced",
                 short_names=tuple(names.get("shortNames") or ()),
                 categories=tuple(names.get("categories") or ()),
-                subresources=frozenset(k for k in ("status", "scale") if k in subresources),
+                # `scale` is not served (see docs/localcluster.md), so discovery does not list it.
+                subresources=frozenset({"status"} & set(subresources)),
                 crd=CrdVersionInfo(
                     schema=schema,
                     printer_columns=tuple(version.get("additionalPrinterColumns") or ()),

@@ -174,7 +174,12 @@ def _event_object(event: dict[str, Any]) -> str:
 
 
 def _event_last_seen(event: dict[str, Any]) -> str:
-    when = event.get("lastTimestamp") or event.get("eventTime") or _meta(event).get("creationTimestamp")
+    when = (
+        event.get("lastTimestamp")
+        or event.get("deprecatedLastTimestamp")
+        or event.get("eventTime")
+        or _meta(event).get("creationTimestamp")
+    )
     return age(when)
 
 
@@ -217,7 +222,8 @@ BUILTIN_COLUMNS: dict[tuple[str, str], list[Column]] = {
         ("Type", "string", "", 0, _get("type", default="")),
         ("Reason", "string", "", 0, _get("reason", default="")),
         ("Object", "string", "", 0, _event_object),
-        ("Message", "string", "", 0, _get("message", default="")),
+        # events.k8s.io/v1 shows the same events with `note` for `message`.
+        ("Message", "string", "", 0, lambda e: e.get("message") or e.get("note") or ""),
     ],
     ("", "services"): [
         NAME,
