@@ -107,32 +107,24 @@ def run_single(workdir: Path, *, steps: int, interval: int, mode: str) -> dict[s
     }
 
 
-def bench_efficiency(base: Path, steps: int, interval: int, repeats: int) -> dict[str, Any]:
+def bench_efficiency(base: Path, steps: int, intervals: list[int], repeats: int) -> dict[str, Any]:
     """Each mode ``repeats`` times, interleaved; the best run of each counts (other tenants of a
     shared machine only ever slow a run down)."""
-    result: dict[str, Any] = {
-        "steps": steps,
-        "intervalSteps": interval,
-        "model": " ".join(EFFICIENCY_MODEL),
-        "repeats": repeats,
-    }
-    runs: dict[str, list[dict[str, float]]] = {"none": [], "sync": [], "async": []}
+    result: dict[str, Any] = {"steps": steps, "model": " ".join(EFFICIENCY_MODEL), "repeats": repeats}
+    runs: dict[str, list[dict[str, float]]] = {"none": []}
     for attempt in range(repeats):
         runs["none"].append(
             run_single(base / f"none-{attempt}", steps=steps, interval=10 * steps, mode="Async")
         )
-        runs["sync"].append(run_single(base / f"sync-{attempt}", steps=steps, interval=interval, mode="Sync"))
-        runs["async"].append(
-            run_single(base / f"async-{attempt}", steps=steps, interval=interval, mode="Async")
-        )
-    for mode, mode_runs in runs.items():
-        result[mode] = {**min(mode_runs, key=lambda r: r["loopSeconds"]), "runs": mode_runs}
-    # Throughput against the run without saves: on a CPU-only machine the async writer also competes
-    # with training for the same cores, which useful/loop alone would hide (step times grow).
-    for mode in ("sync", "async"):
-        result[mode]["throughputVsNoSavesPercent"] = (
-            100.0 * result["none"]["loopSeconds"] / result[mode]["loopSeconds"]
-        )
+        for interval in intervals:
+            for mode in ("Sync", "Async"):
+                runs.setdefault(f"{mode.lower()}-{interval}", []).append(
+                    run_single(
+                        base / f"{mode}-{interval}-{attempt}", steps=steps, interval=interval, mode=mode
+                    )
+                )
+    for key, mode_runs in runs.items():
+        result[key] = {**min(mode_runs, key=lambda r: r["loopSeconds"]), "runs": mode_runs}
     return result
 
 
@@ -337,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="efficiency,blocking,recovery,killsaves")
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--interval", type=int, default=2, help="checkpoint interval of the efficiency runs")
+    p.add_argument("--intervals", default="2,5", help="checkpoint intervals of the efficiency runs")
     p.add_argument("--efficiency-repeats", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--faults", type=int, default=5, help="faults per recovery layer")
@@ -356,7 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(tmp)
         if "efficiency" in sections:
             report["efficiency"] = bench_efficiency(
-                base / "efficiency", args.steps, args.interval, args.efficiency_repeats
+                base / "efficiency",
+                args.steps,
+                [int(i) for i in args.intervals.split(",")],
+                args.efficiency_repeats,
             )
         if "blocking" in sections:
             report["blocking"] = bench_blocking(base, args.repeats)
@@ -375,11 +370,13 @@ def print_table(report: dict[str, Any]) -> None:
     rows: list[tuple[str, str]] = []
     if "efficiency" in report:
         e = report["efficiency"]
-        for mode in ("none", "sync", "async"):
-            r = e[mode]
+        for key in [k for k in e if k == "none" or k.startswith(("sync-", "async-"))]:
+            r = e[key]
+            mode, _, interval = key.partition("-")
+            label = "no saves" if key == "none" else f"{mode} saves every {interval} steps"
             rows.append(
                 (
-                    f"efficiency (useful/loop), {mode} saves every {e['intervalSteps']} steps",
+                    f"efficiency (useful/loop), {label}",
                     f"{r['efficiencyPercent']:.1f}% ({r['saves']} saves,"
                     f" blocking {r['blockingSeconds']:.2f} s)",
                 )
