@@ -97,3 +97,30 @@ def test_sigkill_during_async_saves_never_resumes_a_partial_checkpoint(tmp_path:
         assert newest is not None and newest.step == result["resumedStep"]
     # The kills landed while saves were in flight (partial directories existed) in most trials.
     assert partial_seen >= trials // 2, (partial_seen, resumed)
+
+
+def test_a_dead_writer_is_noticed_and_replaced(tmp_path: Path) -> None:
+    manager = checkpoint.CheckpointManager(tmp_path, rank=0, world_size=1, asynchronous=True, keep=10)
+    try:
+        manager.start_writer()
+        assert manager._writer is not None
+        pid = manager._writer.writer_pid()
+        assert pid is not None
+        manager.save(1, {"w": torch.randn(1 << 16)}, {})
+        assert manager.wait(timeout=300) and manager.wait_committed(1, timeout=60)
+        # The writer dies while it holds a save: polling notices instead of blocking forever.
+        os.kill(pid, signal.SIGKILL)
+        manager.save(2, {"w": torch.randn(1 << 16)}, {})
+        assert manager.wait(timeout=120)
+        assert manager.stats.writer_deaths == 1
+        assert not checkpoint.done_path(tmp_path, 2, 0).exists()
+        newest = checkpoint.newest_complete(tmp_path, 1)
+        assert newest is not None and newest.step == 1
+        # The next save gets a new writer and commits.
+        manager.save(3, {"w": torch.ones(4)}, {})
+        assert manager.wait(timeout=300) and manager.wait_committed(3, timeout=60)
+        assert manager._writer is not None and manager._writer.writer_pid() not in (None, pid)
+        _, payload = manager.load(3)
+        assert torch.equal(payload["tensors"]["w"], torch.ones(4))
+    finally:
+        manager.close()

@@ -378,3 +378,35 @@ def test_file_sink_and_reporter_throttle(tmp_path: Path) -> None:
     assert isinstance(progress.make_sink("none", "ns", "pod"), progress.NoSink)
     with pytest.raises(ValueError, match="RTJ_PROGRESS_SINK"):
         progress.make_sink("carrier-pigeon", "ns", "pod")
+
+
+@pytest.mark.slow
+def test_spare_idles_until_sigterm(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    launcher = Path(sys.executable).parent / "rtj-launch"
+    proc = subprocess.Popen(
+        [str(launcher), "--", "rtj-train"],
+        env={**os.environ, "RTJ_ROLE": "spare", "TMPDIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:
+            if b"hot spare" in line:
+                break
+            assert time.monotonic() < deadline
+        assert proc.poll() is None  # holding the node, not training, not exiting
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -119,10 +119,11 @@ def _find_executable(name: str) -> str:
 
 def idle_as_spare() -> int:
     """Hold the node until the operator deletes the pod (SIGTERM)."""
-    log.info("hot spare: holding the node until SIGTERM")
     signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    signal.sigwait(signals)
+    log.info("hot spare: holding the node until SIGTERM")
+    received = signal.sigwait(signals)
+    log.info("hot spare: %s received, releasing the node", signal.Signals(received).name)
     return 0
 
 
