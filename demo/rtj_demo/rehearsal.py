@@ -492,7 +492,7 @@ def run_job(
         timeline.faults += faults_from_markers(job_dir / "faults-fired")
     events = stack.job_events(settings.name)
     timeline.recoveries += recoveries_from_events(events)
-    timeline.faults = align_fault_times(timeline.steps, timeline.faults) + injected
+    timeline.faults = align_fault_times(timeline.steps, timeline.faults + injected)
     timeline.faults.sort(key=lambda f: f.time)
     timeline.recoveries.sort(key=lambda r: r.time)
     return JobResult(settings.name, state, timeline, status, events, finished, message)

@@ -142,7 +142,8 @@ def from_progress_records(records: Iterable[Mapping[str, Any]]) -> Timeline:
     (it holds global rank 0, and the nodes step in lockstep), one per change of its step number: a
     report forced by a checkpoint commit or a recovery repeats the step it was made at. Recovery
     events count once per (kind, time): every node reports them, and every record repeats the newest
-    20. An event's time is when training recovered (its first step after the fault).
+    20. An event is placed mid-way between its fault and the step that ended its recovery (see
+    `_acting_time`).
     """
     ordered = sorted(
         (r for r in records if parse_time(r.get("time")) is not None),
@@ -167,7 +168,7 @@ def from_progress_records(records: Iterable[Mapping[str, Any]]) -> Timeline:
             seen_ckpts.setdefault(ckpt_step, ckpt_time)
         for event in record.get("events") or []:
             kind = str(event.get("kind"))
-            ev_time = parse_time(event.get("recoveredEpoch")) or parse_time(event.get("time"))
+            ev_time = _acting_time(event)
             layer = TRAINER_EVENT_LAYERS.get(kind)
             if layer is None or ev_time is None or (kind, round(ev_time, 3)) in seen_events:
                 continue
@@ -176,6 +177,18 @@ def from_progress_records(records: Iterable[Mapping[str, Any]]) -> Timeline:
     timeline.checkpoints = [CheckpointRecord(time=t, step=s) for s, t in sorted(seen_ckpts.items())]
     timeline.recoveries.sort(key=lambda r: r.time)
     return timeline
+
+
+def _acting_time(event: Mapping[str, Any]) -> float | None:
+    """When a trainer recovery event's layer acted: mid-way between the fault and the first step
+    after it. Not the recovery's end: every node records the event at its own first step, and a node
+    whose clock reading comes a few milliseconds after rank 0's step report would otherwise fall
+    outside the fault's recovery window."""
+    recovered = parse_time(event.get("recoveredEpoch")) or parse_time(event.get("time"))
+    fault = parse_time(event.get("faultEpoch")) or parse_time(event.get("faultTime"))
+    if recovered is None or fault is None or fault > recovered:
+        return recovered
+    return (fault + recovered) / 2
 
 
 def faults_from_markers(marker_dir: Path) -> list[FaultRecord]:
@@ -201,22 +214,27 @@ def faults_from_markers(marker_dir: Path) -> list[FaultRecord]:
 def align_fault_times(
     steps: Sequence[StepRecord], faults: Sequence[FaultRecord], *, lag_seconds: float = 2.0
 ) -> list[FaultRecord]:
-    """Move each trainer fault past node 0's reports of steps completed before it fired.
+    """Move each fault past node 0's reports of steps that were done, or in flight, when it struck.
 
-    A fault fires on one rank at the start of a step, when `fault.step` steps are done; global rank 0
-    may still be saving or reporting the last of them, so its record of a step finished *before* the
-    fault can carry a later timestamp. Without this, that record would pass for the first step after
-    the fault (a recovery of 0 s by no layer). Only records within `lag_seconds` are considered.
+    A trainer fault fires on one rank at the start of a step, when `fault.step` steps are done;
+    global rank 0 may still be saving or reporting the last of them, so its record of a step finished
+    *before* the fault can carry a later timestamp. A lost node dies mid-step: rank 0 can still
+    finish the collectives already under way and report a step or two. Without this, such a record
+    would pass for the first step after the fault (a recovery of 0 s by no layer). Only records within
+    `lag_seconds` of the fault are considered; no recovery is that fast for a lost node (the operator
+    alone waits the node-loss grace period), and a trainer fault is matched by step number.
     """
     ordered = sorted(steps, key=lambda s: s.time)
     aligned: list[FaultRecord] = []
     for fault in faults:
         when = fault.time
-        if fault.step is not None:
+        if fault.step is not None or fault.kind == "node-loss":
             for record in ordered:
                 if record.time < fault.time:
                     continue
-                if record.time > fault.time + lag_seconds or record.step > fault.step:
+                if record.time > fault.time + lag_seconds:
+                    break
+                if fault.step is not None and record.step > fault.step:
                     break
                 when = record.time
         aligned.append(replace(fault, time=when))

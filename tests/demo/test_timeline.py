@@ -105,7 +105,7 @@ def test_fault_time_moves_past_rank_zeros_lagging_report() -> None:
     # rank 1 fires at the start of step index 20 (20 steps done) at t=10.000, while rank 0 reports
     # step 20 at t=10.002 (it was saving a checkpoint); training resumes with step 21 at t=11.2.
     steps = [StepRecord(9.9, 19), StepRecord(10.002, 20), StepRecord(11.2, 21), StepRecord(11.3, 22)]
-    faults = [FaultRecord(10.0, "exception", step=20), FaultRecord(11.25, "node-loss")]
+    faults = [FaultRecord(10.0, "exception", step=20), FaultRecord(11.25, "sigkill")]
     aligned = align_fault_times(steps, faults)
     assert [f.time for f in aligned] == [10.002, 11.25]
     report = build_report(steps, aligned, [RecoveryRecord(11.1, LAYER_IN_PROCESS)], [])
@@ -116,6 +116,36 @@ def test_fault_time_moves_past_rank_zeros_lagging_report() -> None:
     # A report beyond the lag window, or of a later step, is left alone.
     assert align_fault_times([StepRecord(13.0, 20)], [FaultRecord(10.0, "hang", step=20)])[0].time == 10.0
     assert align_fault_times([StepRecord(10.1, 21)], [FaultRecord(10.0, "hang", step=20)])[0].time == 10.0
+
+
+def test_a_lost_nodes_in_flight_steps_are_not_its_recovery() -> None:
+    # The node dies at t=10.0 while rank 0 finishes step 21 (reported at 10.08); the job resumes at
+    # step 20 at t=30 after the replacement.
+    steps = [StepRecord(9.8, 20), StepRecord(10.08, 21), StepRecord(30.0, 20), StepRecord(30.2, 21)]
+    (aligned,) = align_fault_times(steps, [FaultRecord(10.0, "node-loss")])
+    assert aligned.time == 10.08
+    report = build_report(steps, [aligned], [RecoveryRecord(15.0, LAYER_POD_REPLACEMENT)], [])
+    (fault,) = report.faults
+    assert fault.recovered_by == LAYER_POD_REPLACEMENT
+    assert fault.recovery_seconds == pytest.approx(30.0 - 10.08)
+    assert fault.steps_lost == 2
+
+
+def test_trainer_events_act_between_fault_and_recovery() -> None:
+    base = 5_000.0
+    # node 1 records the in-process restart 4 ms after node 0 reported the first step after it.
+    records = [
+        {"time": _iso(base + 1.0), "nodeRank": 0, "step": 62},
+        {"time": _iso(base + 2.143), "nodeRank": 0, "step": 63},
+        {"time": _iso(base + 2.15), "nodeRank": 1, "step": 63, "events": [
+            {"kind": "InProcessRestart", "faultEpoch": base + 1.0, "recoveredEpoch": base + 2.147}
+        ]},
+    ]  # fmt: skip
+    timeline = from_progress_records(records)
+    assert [r.time - base for r in timeline.recoveries] == [pytest.approx((1.0 + 2.147) / 2)]
+    timeline.faults = [FaultRecord(base + 1.0, "exception", step=62)]
+    (fault,) = timeline.report().faults
+    assert fault.recovered_by == LAYER_IN_PROCESS
 
 
 def test_operator_events_give_pod_replacements_and_gang_restarts() -> None:
