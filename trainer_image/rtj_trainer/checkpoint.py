@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -217,12 +217,16 @@ class CheckpointManager:
         world_size: int,
         asynchronous: bool = True,
         keep: int = 3,
+        keepalive: Callable[[], None] | None = None,
     ) -> None:
         self.root = Path(root)
         self.rank = rank
         self.world_size = world_size
         self.asynchronous = asynchronous
         self.keep = keep
+        # Called while a save waits on the writer or the commit: a rank waiting for a slow volume
+        # is not hung, and must keep sending heartbeats to ft_launcher.
+        self.keepalive = keepalive
         self.stats = SaveStats()
         self._staging = StagingBuffer()
         self._writer: AsyncWriter | None = None
@@ -363,11 +367,14 @@ class CheckpointManager:
                 break
             if deadline is not None and time.monotonic() > deadline:
                 return False
+            if self.keepalive is not None:
+                self.keepalive()
             time.sleep(0.01)
         return True
 
     def wait_committed(self, step: int, timeout: float) -> bool:
-        """Rank 0: block until ``step`` is committed (every rank finalized its shard)."""
+        """Block until ``step`` is committed: rank 0 commits it once every shard is durable, the
+        other ranks watch for the marker."""
         deadline = time.monotonic() + timeout
         self.wait(timeout)
         while True:
@@ -376,6 +383,8 @@ class CheckpointManager:
                 return True
             if time.monotonic() > deadline:
                 return False
+            if self.keepalive is not None:
+                self.keepalive()
             time.sleep(0.02)
 
     def close(self) -> None:

@@ -158,20 +158,23 @@ class Trainer:
         self.checkpoint_dir = args.checkpoint_dir or env.checkpoint_dir
         self.interval = args.checkpoint_interval or env.checkpoint_interval_steps
         mode = args.checkpoint_mode or env.checkpoint_mode
+        self.heartbeats = Heartbeats()
         self.ckpt = CheckpointManager(
             self.checkpoint_dir,
             rank=self.rank,
             world_size=self.world_size,
             asynchronous=mode == MODE_ASYNC,
             keep=env.checkpoint_keep,
+            keepalive=self.heartbeats.keepalive,
         )
         self.faults = faults_mod.FaultInjector(
             faults_mod.parse_faults(env.faults), self.checkpoint_dir, self.rank
         )
-        self.heartbeats = Heartbeats()
         self.memory = Memory()
         self.current_step = 0
         self.loop_started: float | None = None  # the first step of this process
+        self.iteration_started = time.time()
+        self.interrupted_time = 0.0
         self.in_job_restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
         now = time.time()
@@ -212,6 +215,14 @@ class Trainer:
             multi_tenant=True,
         )
 
+    def _in_process_fault(self, previous_start: float) -> PendingRecovery:
+        """The fault that ended the previous iteration: the newest one fired since it started (an
+        injected one, on any rank), else the moment this rank was interrupted."""
+        now = time.time()
+        fired = [f.time for f in self.faults.fired_since(previous_start) if f.time <= now]
+        interrupted = self.interrupted_time if self.interrupted_time > previous_start else now
+        return PendingRecovery("InProcessRestart", max(fired) if fired else interrupted, self.current_step)
+
     def _in_job_fault(
         self, prior: dict[str, Any], events: list[dict[str, Any]], now: float
     ) -> PendingRecovery:
@@ -241,6 +252,9 @@ class Trainer:
                 world_size,
             )
             os._exit(3)
+        previous_start, self.iteration_started = self.iteration_started, time.time()
+        if iteration > 0:
+            self.pending = self._in_process_fault(previous_start)
         store = dist.PrefixStore(f"rtj-pg-{iteration}", self.pg_store)  # type: ignore[attr-defined]
         dist.init_process_group(
             self.backend,
@@ -250,16 +264,12 @@ class Trainer:
             timeout=dt.timedelta(seconds=self.args.pg_timeout),
             device_id=self.device if self.backend == "nccl" else None,
         )
-        iteration_started = time.time()
         try:
             result = self._train(iteration, call_wrapper)
         except BaseException:
-            now = time.time()
-            # The fault is the newest one fired during this iteration (an injected one, on any rank),
-            # else the moment this rank was interrupted.
-            fired = [f.time for f in self.faults.fired_since(iteration_started) if f.time <= now]
-            fault_time = max(fired) if fired else now
-            self.pending = PendingRecovery("InProcessRestart", fault_time, self.current_step)
+            # One statement only: the wrapper's RankShouldRestart arrives asynchronously and may
+            # land again in this handler; the next iteration builds the recovery record.
+            self.interrupted_time = time.time()
             raise
         dist.destroy_process_group()
         return result
@@ -406,9 +416,10 @@ class Trainer:
         final = self.ckpt.last_committed
         if final is None or final.step != steps:
             self._save(steps, self.progress.loss or 0.0)
+        # Waits poll (with heartbeats) rather than sit in a collective: a rank whose shard is written
+        # first would otherwise fall silent for as long as the slowest rank's write takes.
         self.ckpt.wait(timeout=None)
-        dist.barrier()  # every rank's final shard is durable
-        if self.rank == 0 and not self.ckpt.wait_committed(steps, timeout=self.args.commit_timeout):
+        if not self.ckpt.wait_committed(steps, timeout=self.args.commit_timeout):
             raise RuntimeError(f"final checkpoint of step {steps} did not commit")
         dist.barrier()
         self.ckpt.poll()
