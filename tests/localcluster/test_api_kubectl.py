@@ -331,42 +331,60 @@ spec:
     )
 
     # logs -f streams what the kubelet appends and ends when the container has terminated.
+    lines: queue.Queue[str] = queue.Queue()
     with subprocess.Popen(
         ["kubectl", f"--kubeconfig={api.kubeconfig_path}", "logs", "-f", "logger", "-c", "side"],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     ) as follower:
-        assert follower.stdout is not None
-        assert follower.stdout.readline() == "hello from side\n"
-        with (directory / "side.log").open("a") as log:
-            log.write("appended later\n")
-        assert follower.stdout.readline() == "appended later\n"
-        terminated = {"terminated": {"exitCode": 0, "reason": "Completed"}}
-        status = {
-            "phase": "Succeeded",
-            "containerStatuses": [
-                {
-                    "name": n,
-                    "ready": False,
-                    "restartCount": 0,
-                    "image": "busybox:1",
-                    "imageID": "",
-                    "state": terminated,
-                }
-                for n in ("main", "side")
-            ],
-        }
-        kubectl(
-            "patch",
-            "pod",
-            "logger",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            json.dumps({"status": status}),
-        )
-        assert follower.wait(60) == 0
+        try:
+            assert follower.stdout is not None
+            stdout = follower.stdout
+            threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+
+            def next_line() -> str:
+                try:
+                    return lines.get(timeout=60)
+                except queue.Empty:
+                    follower.kill()
+                    assert follower.stderr is not None
+                    raise AssertionError(
+                        f"no log line from kubectl logs -f: {follower.stderr.read()}"
+                    ) from None
+
+            assert next_line() == "hello from side\n"
+            with (directory / "side.log").open("a") as log:
+                log.write("appended later\n")
+            assert next_line() == "appended later\n"
+            terminated = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+            status = {
+                "phase": "Succeeded",
+                "containerStatuses": [
+                    {
+                        "name": n,
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": "busybox:1",
+                        "imageID": "",
+                        "state": terminated,
+                    }
+                    for n in ("main", "side")
+                ],
+            }
+            kubectl(
+                "patch",
+                "pod",
+                "logger",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                json.dumps({"status": status}),
+            )
+            assert follower.wait(60) == 0
+        finally:
+            if follower.poll() is None:
+                follower.kill()
     assert _table(kubectl("get", "pod", "logger").stdout)[1][2] == "Completed"
     kubectl("delete", "pod", "logger", "--grace-period=0", "--force")
 
