@@ -9,12 +9,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from rtj_localcluster.apiserver import ApiServer
 from rtj_localcluster.apiserver.cel import CelError, CelUnsupported, compile_rule
 from rtj_localcluster.apiserver.jsonpath import evaluate
 from rtj_localcluster.apiserver.patch import apply_merge, json_merge_patch, json_patch, strategic_merge_patch
+from rtj_localcluster.apiserver.selectors import parse_label_selector
 
 GROUP, VERSION, PLURAL = "schema.example.com", "v1", "jobs"
 
@@ -286,3 +289,51 @@ def test_patch_semantics() -> None:
     assert apply_merge(current, {"spec": {"a": 5}}, {"spec": {"a": 1, "b": 2}}, atomic_lists=True) == {
         "spec": {"a": 5, "c": 3}
     }
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text("ab", max_size=2),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text("abc", max_size=2), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+_json_objects = st.dictionaries(st.text("abc", max_size=2), _json_values, max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_json_objects, _json_objects)
+def test_merge_patch_is_idempotent_and_pure(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    before = json.dumps(target, sort_keys=True)
+    once = json_merge_patch(target, patch)
+    assert json_merge_patch(once, patch) == once  # RFC 7386: applying a patch twice changes nothing more
+    assert json.dumps(target, sort_keys=True) == before
+    # Without nulls or nested objects in the patch, every patched key ends up with the patch's value.
+    for key, value in patch.items():
+        if value is not None and not isinstance(value, dict):
+            assert once[key] == value
+        if value is None:
+            assert key not in once
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(["app", "tier", "zone"]), st.sampled_from(["a", "b", "c"]), max_size=3),
+    st.sampled_from(["app", "tier", "zone"]),
+    st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3),
+)
+def test_label_selector_operators_agree(labels: dict[str, str], key: str, values: list[str]) -> None:
+    obj = {"metadata": {"labels": labels}}
+
+    def match(text: str) -> bool:
+        predicate = parse_label_selector(text)
+        assert predicate is not None
+        return predicate(obj)
+
+    joined = ",".join(values)
+    assert match(f"{key} in ({joined})") == (labels.get(key) in values)
+    assert match(f"{key} notin ({joined})") == (not match(f"{key} in ({joined})"))
+    assert match(f"{key}={values[0]}") == match(f"{key} in ({values[0]})") == match(f"{key}=={values[0]}")
+    assert match(f"{key}!={values[0]}") == (not match(f"{key}={values[0]}"))
+    assert match(key) == (key in labels) == (not match(f"!{key}"))
+    assert match(f"{key},{key} in ({joined})") == (match(key) and match(f"{key} in ({joined})"))
