@@ -781,7 +781,7 @@ class Cluster:
                         "FieldValueInvalid", "spec.scope", _q(obj["spec"].get("scope")), "field is immutable"
                     )
                 )
-        for label_key, label_value in ((obj["metadata"].get("labels")) or {}).items():
+        for label_value in ((obj["metadata"].get("labels")) or {}).values():
             if (
                 not isinstance(label_value, str)
                 or len(label_value) > 63
@@ -798,7 +798,6 @@ class Cluster:
                         "'-', '_' or '.', and must start and end with an alphanumeric character",
                     )
                 )
-            del label_key
         if errors:
             raise invalid(rt.group, rt.kind, name, errors)
 
@@ -1123,8 +1122,7 @@ class Cluster:
                     self.delete(rt, name, obj["metadata"]["name"])
                     changed = True
         if remaining == 0:
-            gone = self.store.remove(NAMESPACES, ns)
-            del gone
+            self.store.remove(NAMESPACES, ns)
             changed = True
         return changed
 

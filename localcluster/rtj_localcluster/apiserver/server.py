@@ -308,8 +308,6 @@ class App:
                 self.cluster.get(rt, route.namespace, name)
                 token = base64.urlsafe_b64encode(f"{route.namespace}:{name}:{time.time()}".encode()).decode()
                 spec = body.get("spec", {}) if isinstance(body, dict) else {}
-                expiry = tables.parse_time(None)
-                del expiry
                 return _json_response(
                     {
                         "kind": "TokenRequest",
@@ -519,8 +517,6 @@ class App:
                 status = ApiError(
                     410, "Expired", f"too old resource version: {rv_text} ({store.compacted_rv})"
                 ).status()
-                del status["metadata"]
-                status["metadata"] = {}
                 await response.write(frame("ERROR", status))
                 return response
             for obj in initial:
@@ -598,6 +594,9 @@ class App:
                 f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
             )
         data = path.read_bytes()
+        # Follow from what was read, not from the size after writing: the kubelet may append while
+        # the first chunk is on its way.
+        offset = len(data)
         if q.get("tailLines", "").isdigit():
             lines = data.splitlines(keepends=True)
             data = b"".join(lines[-int(q["tailLines"]) :]) if int(q["tailLines"]) else b""
@@ -608,12 +607,13 @@ class App:
         response = web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
         await response.prepare(request)
         await response.write(data)
-        offset = path.stat().st_size
         uid = pod["metadata"]["uid"]
         try:
             while not self.stopping.is_set():
                 await asyncio.sleep(0.2)
                 size = path.stat().st_size if path.exists() else offset
+                if size < offset:  # truncated (a restarted container's new log): start over
+                    offset = 0
                 if size > offset:
                     with path.open("rb") as handle:
                         handle.seek(offset)
