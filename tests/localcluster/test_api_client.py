@@ -193,7 +193,7 @@ def test_watch_bookmarks_and_timeout(core: client.CoreV1Api) -> None:
             "default",
             resource_version=rv,
             allow_watch_bookmarks=True,
-            timeout_seconds=2,
+            timeout_seconds=5,
         )
     ]
     # The server closed the stream by itself (timeoutSeconds), after sending bookmarks.
