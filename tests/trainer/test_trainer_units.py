@@ -404,7 +404,14 @@ def test_spare_idles_until_sigterm(tmp_path: Path) -> None:
             assert time.monotonic() < deadline
         assert proc.poll() is None  # holding the node, not training, not exiting
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            import psutil
+
+            p = psutil.Process(proc.pid)
+            raise AssertionError((p.status(), p.threads(), proc.stdout.read1(100000))) from None
+        assert rc == 0
     finally:
         proc.kill()
         proc.wait()

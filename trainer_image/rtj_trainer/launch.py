@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from rtj_trainer.env import LAUNCH_MODE, LAUNCH_MODE_DIRECT, ROLE_SPARE, TrainerEnv
-from rtj_trainer.nvrx_compat import ft_launcher_flags
 
 log = logging.getLogger("rtj_trainer.launch")
 
@@ -51,7 +50,12 @@ def ft_launcher_argv(
     """The ft_launcher command for this node (pure)."""
     if not command:
         raise ValueError("no training command given after --")
-    names = dict(flags or ft_launcher_flags())
+    if flags is None:
+        # Imported here: it imports torch, which a spare never needs (nor the threads it starts).
+        from rtj_trainer.nvrx_compat import ft_launcher_flags
+
+        flags = ft_launcher_flags()
+    names = dict(flags)
     argv = [
         launcher,
         f"--nnodes={env.nnodes}:{max(env.nnodes_max, env.nnodes)}",
@@ -119,11 +123,20 @@ def _find_executable(name: str) -> str:
 
 def idle_as_spare() -> int:
     """Hold the node until the operator deletes the pod (SIGTERM)."""
-    signals = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    released: list[int] = []
+
+    # A handler that only records the signal, polled by the main thread in short sleeps: a
+    # blocked-signal wait covers one thread only (a signal delivered to another would kill the
+    # process), and a handler that raised could fire inside logging, which swallows exceptions.
+    def release(signum: int, _frame: object) -> None:
+        released.append(signum)
+
+    signal.signal(signal.SIGTERM, release)
+    signal.signal(signal.SIGINT, release)
     log.info("hot spare: holding the node until SIGTERM")
-    received = signal.sigwait(signals)
-    log.info("hot spare: %s received, releasing the node", signal.Signals(received).name)
+    while not released:
+        time.sleep(0.5)
+    log.info("hot spare: %s received, releasing the node", signal.Signals(released[0]).name)
     return 0
 
 
