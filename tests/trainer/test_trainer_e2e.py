@@ -23,7 +23,9 @@ RESUME = re.compile(r"rank (\d+): iteration (\d+) resumes at step (\d+) from (\w
 
 
 def test_two_nodes_train_converge_and_commit_the_final_checkpoint(tmp_path: Path) -> None:
-    run = run_two_nodes(tmp_path, steps=40)
+    # No fault is injected here, so a generous heartbeat timeout keeps a loaded machine's slow step
+    # (the checkpoint writer's start, a busy neighbour) from passing for a hang.
+    run = run_two_nodes(tmp_path, steps=40, heartbeat_timeout=30)
     assert run.returncodes == [0, 0], run.logs
     for node in (0, 1):
         reports = run.node(node)
