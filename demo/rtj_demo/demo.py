@@ -137,7 +137,10 @@ def write_outputs(
     paths["report"].write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
     if report is not None:
         paths["plot"] = plot_timeline(
-            result.timeline, report, out / "timeline.png", title=f"rtj demo: {result.name}"
+            result.timeline,
+            report,
+            out / "timeline.png",
+            title=f"rtj demo: 2 nodes x 2 ranks, {report.final_step} steps, {len(plan)} faults",
         )
     return paths
 

@@ -69,7 +69,7 @@ def plot_timeline(
     timeline: Timeline, report: RunReport | None, path: Path, *, title: str = "", dpi: int = 110
 ) -> Path:
     """Write one run's timeline as a PNG at `path` and return the path."""
-    return plot_runs([(title or "training", timeline, report)], path, title=title, dpi=dpi)
+    return plot_runs([(title or "training", timeline, report)], path, dpi=dpi)
 
 
 def plot_runs(

@@ -454,6 +454,7 @@ def run_job(
     status: dict[str, Any] = {}
     deadline = time.monotonic() + timeout
     last_step, last_change = -1, time.monotonic()
+    newest_ckpt: int | None = None
     while True:
         stack.check_operator()
         job = stack.get_job(settings.name) or {}
@@ -463,6 +464,10 @@ def run_job(
             with contextlib.suppress(Exception):
                 volume = stack.volume_dir(settings.name)
         obs = observe(status, _newest_record(volume, settings.name), time.time() - submitted)
+        # The newest line may be a node that learns of commits later than rank 0: never go back.
+        if obs.checkpoint_step is not None or newest_ckpt is not None:
+            obs.checkpoint_step = max(obs.checkpoint_step or 0, newest_ckpt or 0)
+            newest_ckpt = obs.checkpoint_step
         step = obs.step
         on_update(obs)
         if step != last_step:
