@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rtj_operator.constants import GROUP, LABEL_JOB, PLURAL, VERSION
 
 from rtj_demo.report import FaultRecord
 from rtj_demo.timeline import (
@@ -45,10 +46,6 @@ from rtj_demo.timeline import (
     recoveries_from_events,
 )
 
-GROUP = "resilient.training"
-VERSION = "v1alpha1"
-PLURAL = "resilienttrainingjobs"
-LABEL_JOB = f"{GROUP}/job-name"
 NAMESPACE = "default"
 # The trainer's progress file, in the job's checkpoint directory.
 PROGRESS_FILE = "progress.jsonl"
