@@ -133,7 +133,9 @@ def goodput_main(argv: list[str]) -> int:
     )
     try:
         # Every node loss kills a node for good: give each run its own replacement node.
-        with Stack(nodes=2 + len(modes) + 1, out_dir=out / f"goodput-{stamp}-logs") as stack:
+        # The operator's log goes under out/ (ignored by git), the figures to `out`.
+        logs = REPO_ROOT / "out" / "bench" / f"goodput-{stamp}"
+        with Stack(nodes=2 + len(modes) + 1, out_dir=logs) as stack:
             for i, mode in enumerate(modes):
                 settings = JobSettings(
                     name=f"bench-{i}",
