@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
 import ssl
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -322,6 +323,35 @@ class Informer:
                 # 410 Gone (or a broken stream): relist, as client-go's reflector does.
                 log.debug("informer %s restarting: %s", self.resource, error)
                 await asyncio.sleep(0.5)
+
+
+async def run_level_triggered(
+    name: str,
+    informers: Sequence[Informer],
+    wake: asyncio.Event,
+    sync: Callable[[], Awaitable[None]],
+    *,
+    period_seconds: float,
+    error_delay_seconds: float = 0.0,
+) -> None:
+    """A controller's main loop: after the informers' first lists, run `sync` once per change they
+    report (through `wake`) and at least every `period_seconds`. A failing pass is logged, not fatal:
+    the next one starts from what is observed then (after `error_delay_seconds`, if given)."""
+    for informer in informers:
+        await informer.synced()
+    while True:
+        wake.clear()
+        try:
+            await sync()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s pass failed", name)
+            if error_delay_seconds:
+                await asyncio.sleep(error_delay_seconds)
+                wake.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=period_seconds)
 
 
 class SyncKubeClient:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .client import ApiError, Informer, KubeClient, now_rfc3339, parse_time, path_for
+from .client import ApiError, Informer, KubeClient, now_rfc3339, parse_time, path_for, run_level_triggered
 from .scheduler import TAINT_NOT_READY, TAINT_UNREACHABLE, toleration_matches
 
 log = logging.getLogger(__name__)
@@ -234,20 +234,13 @@ class NodeLifecycleController:
         pods.subscribe(self._wake.set)
 
     async def run(self) -> None:
-        for informer in (self._nodes, self._leases, self._pods):
-            await informer.synced()
-        while True:
-            self._wake.clear()
-            try:
-                await self.sync()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("node lifecycle pass failed")
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self._period)
-            except TimeoutError:
-                pass
+        await run_level_triggered(
+            "node lifecycle",
+            (self._nodes, self._leases, self._pods),
+            self._wake,
+            self.sync,
+            period_seconds=self._period,
+        )
 
     async def sync(self) -> None:
         now = datetime.now(UTC)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from .client import ApiError, Informer, KubeClient, now_rfc3339, path_for
+from .client import ApiError, Informer, KubeClient, now_rfc3339, path_for, run_level_triggered
 from .quantity import parse_quantity
 
 log = logging.getLogger(__name__)
@@ -322,23 +322,15 @@ class Scheduler:
         nodes.subscribe(self._wake.set)
 
     async def run(self) -> None:
-        await self._pods.synced()
-        await self._nodes.synced()
-        while True:
-            self._wake.clear()
-            try:
-                await self.schedule_pending()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("scheduling pass failed")
-                await asyncio.sleep(1)
-                self._wake.set()
-            # Also retry on a slow timer: a bind may have raced with a change we already consumed.
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=5)
-            except TimeoutError:
-                pass
+        # Also retry on a slow timer: a bind may have raced with a change we already consumed.
+        await run_level_triggered(
+            "scheduling",
+            (self._pods, self._nodes),
+            self._wake,
+            self.schedule_pending,
+            period_seconds=5,
+            error_delay_seconds=1,
+        )
 
     async def schedule_pending(self) -> None:
         pods = []

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .client import ApiError, Informer, KubeClient, path_for
+from .client import ApiError, Informer, KubeClient, path_for, run_level_triggered
 from .quantity import parse_quantity
 
 log = logging.getLogger(__name__)
@@ -85,18 +85,13 @@ class VolumeBinder:
             informer.subscribe(self._wake.set)
 
     async def run(self) -> None:
-        for informer in (self._claims, self._volumes, self._classes):
-            await informer.synced()
-        while True:
-            self._wake.clear()
-            try:
-                await self.sync()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("volume binding pass failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=5)
+        await run_level_triggered(
+            "volume binding",
+            (self._claims, self._volumes, self._classes),
+            self._wake,
+            self.sync,
+            period_seconds=5,
+        )
 
     def _default_class(self) -> str | None:
         for item in self._classes.items():
