@@ -380,6 +380,26 @@ def test_file_sink_and_reporter_throttle(tmp_path: Path) -> None:
         progress.make_sink("carrier-pigeon", "ns", "pod")
 
 
+def test_several_sinks_each_throttled_on_its_own(tmp_path: Path) -> None:
+    every, throttled = tmp_path / "every.jsonl", tmp_path / "throttled.jsonl"
+    sink = progress.make_sink(f"file:{every}, file:{throttled}@3600", "ns", "pod")
+    assert isinstance(sink, progress.MultiSink)
+    reporter = progress.Reporter(sink, str(tmp_path / "ck"), interval_seconds=0)
+    p = progress.Progress(node_rank=0, train_start_time=0.0)
+    for step in range(1, 6):
+        p.step = step
+        assert reporter.report(p) is True
+    # A restart is urgent: it reaches the throttled sink at once.
+    p.restarts_in_job = 1
+    reporter.report(p)
+    every_lines = [json.loads(line) for line in every.read_text().splitlines()]
+    throttled_lines = [json.loads(line) for line in throttled.read_text().splitlines()]
+    assert [r["step"] for r in every_lines] == [1, 2, 3, 4, 5, 5]
+    assert [(r["step"], r["restarts"]["inJob"]) for r in throttled_lines] == [(1, 0), (5, 1)]
+    with pytest.raises(ValueError, match="RTJ_PROGRESS_SINK"):
+        progress.make_sink(" , ", "ns", "pod")
+
+
 @pytest.mark.slow
 def test_spare_idles_until_sigterm(tmp_path: Path) -> None:
     import os

@@ -3,7 +3,8 @@
 Local rank 0 of each worker pod builds a JSON report (:func:`progress_json`, pure) and hands it to a
 sink chosen by ``RTJ_PROGRESS_SINK``: ``pod-annotation`` (merge-patch of the annotation
 ``resilient.training/progress`` on its own pod, through the in-cluster service account, standard
-library only), ``file:<path>`` (one JSON line per report, for tests and benchmarks) or ``none``.
+library only), ``file:<path>`` (one JSON line per report, for tests and benchmarks) or ``none``, or
+several of them separated by commas, each optionally throttled on its own (``pod-annotation@2``).
 Reports are throttled to one per ``RTJ_PROGRESS_INTERVAL_SECONDS`` except on a checkpoint commit, a
 recovery or the end. Each report is also kept in ``<checkpoint dir>/progress/node-<n>.json`` so a
 restarted process continues the counters (restarts, useful step seconds, events) and can tell when
@@ -18,6 +19,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import ssl
 import time
 import urllib.error
@@ -187,14 +189,68 @@ class PodAnnotationSink:
                 self._warned = True
 
 
-def make_sink(spec: str, namespace: str, pod_name: str) -> Sink:
+class ThrottledSink:
+    """Passes a report on at most once per `interval_seconds`, except one that changes what the
+    operator acts on or shows at once (a checkpoint commit, a restart, a recovery event, the end)."""
+
+    _URGENT_KEYS: Final = ("lastCheckpoint", "restarts", "events", "finished")
+
+    def __init__(self, sink: Sink, interval_seconds: float) -> None:
+        self.sink = sink
+        self.interval = interval_seconds
+        self._last_time = float("-inf")
+        self._last_urgent: tuple[str, ...] | None = None
+
+    def send(self, report: dict[str, Any]) -> None:
+        now = time.monotonic()
+        urgent = tuple(json.dumps(report.get(key), sort_keys=True) for key in self._URGENT_KEYS)
+        if urgent == self._last_urgent and now - self._last_time < self.interval:
+            return
+        self._last_time, self._last_urgent = now, urgent
+        self.sink.send(report)
+
+
+class MultiSink:
+    """Sends each report to several sinks (e.g. the pod annotation and a local timeline file)."""
+
+    def __init__(self, sinks: list[Sink]) -> None:
+        self.sinks = sinks
+
+    def send(self, report: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.send(report)
+
+
+_THROTTLE_SUFFIX: Final = re.compile(r"^(?P<sink>.+)@(?P<seconds>\d+(?:\.\d+)?)$")
+
+
+def _make_one_sink(spec: str, namespace: str, pod_name: str) -> Sink:
+    throttled = _THROTTLE_SUFFIX.match(spec)
+    if throttled:
+        inner = _make_one_sink(throttled["sink"], namespace, pod_name)
+        return ThrottledSink(inner, float(throttled["seconds"]))
     if spec == "none":
         return NoSink()
     if spec.startswith("file:"):
         return FileSink(spec[len("file:") :])
     if spec == "pod-annotation":
         return PodAnnotationSink(namespace, pod_name)
-    raise ValueError(f"RTJ_PROGRESS_SINK={spec!r}: expected pod-annotation, file:<path> or none")
+    raise ValueError(
+        f"RTJ_PROGRESS_SINK={spec!r}: expected pod-annotation, file:<path> or none, "
+        "each optionally followed by @<seconds>, several separated by commas"
+    )
+
+
+def make_sink(spec: str, namespace: str, pod_name: str) -> Sink:
+    """The sink(s) named by `RTJ_PROGRESS_SINK`: a comma-separated list of `pod-annotation`,
+    `file:<path>` or `none`, each optionally suffixed `@<seconds>` to throttle that sink on its own
+    (e.g. `pod-annotation@2,file:/checkpoints/job/progress.jsonl` with a 0 s report interval: every
+    step in the file, the annotation at most every 2 s)."""
+    parts = [part.strip() for part in spec.split(",") if part.strip()]
+    if not parts:
+        raise ValueError("RTJ_PROGRESS_SINK is empty: expected pod-annotation, file:<path> or none")
+    sinks = [_make_one_sink(part, namespace, pod_name) for part in parts]
+    return sinks[0] if len(sinks) == 1 else MultiSink(sinks)
 
 
 def node_state_path(checkpoint_dir: str | os.PathLike[str], node_rank: int) -> Path:
