@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +13,9 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 from rtj_localcluster.apiserver import ApiServer
+from rtj_localcluster.testing import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def poll(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -293,7 +284,7 @@ def test_status_subresource_and_generation(core: client.CoreV1Api) -> None:
 
 def test_namespace_deletion_removes_content(core: client.CoreV1Api) -> None:
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="doomed")))
-    poll(lambda: core.list_namespaced_service_account("doomed").items, what="default service account")
+    wait_for(lambda: core.list_namespaced_service_account("doomed").items, message="default service account")
     core.create_namespaced_config_map("doomed", _cm("inside"))
     core.delete_namespace("doomed")
 
@@ -304,7 +295,7 @@ def test_namespace_deletion_removes_content(core: client.CoreV1Api) -> None:
             return error.status == 404
         return False
 
-    poll(gone, what="namespace removal")
+    wait_for(gone, message="namespace removal")
     assert core.list_namespaced_config_map("doomed").items == []
 
 
@@ -362,7 +353,7 @@ def test_deleting_a_crd_removes_its_objects_and_ends_watches(api: ApiServer, cor
     watching = api.call(lambda cluster: cluster.store.watcher_count())
     thread = threading.Thread(target=follow)
     thread.start()
-    poll(lambda: api.call(lambda cluster: cluster.store.watcher_count()) > watching, what="the watch")
+    wait_for(lambda: api.call(lambda cluster: cluster.store.watcher_count()) > watching, message="the watch")
     client.ApiextensionsV1Api(api_client).delete_custom_resource_definition("blips.client.example.com")
     thread.join(120)
     assert not thread.is_alive() and types == ["DELETED"]

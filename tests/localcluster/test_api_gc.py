@@ -4,7 +4,6 @@ owner until the kubelet's final delete."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,18 +11,9 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from rtj_localcluster.apiserver import ApiServer
+from rtj_localcluster.testing import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def poll(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +60,11 @@ def test_background_deletion_removes_dependents(core: client.CoreV1Api) -> None:
 
     core.delete_namespaced_config_map("bg-owner", "default")
     assert not _exists(core.read_namespaced_config_map, "bg-owner")  # the owner goes first
-    poll(lambda: not _exists(core.read_namespaced_secret, "bg-dep-1"), what="bg-dep-1 collected")
-    poll(lambda: not _exists(core.read_namespaced_secret, "bg-dep-2"), what="bg-dep-2 collected")
+    wait_for(lambda: not _exists(core.read_namespaced_secret, "bg-dep-1"), message="bg-dep-1 collected")
+    wait_for(lambda: not _exists(core.read_namespaced_secret, "bg-dep-2"), message="bg-dep-2 collected")
     assert _exists(core.read_namespaced_secret, "bg-shared")
     core.delete_namespaced_config_map("bg-other", "default")
-    poll(lambda: not _exists(core.read_namespaced_secret, "bg-shared"), what="bg-shared collected")
+    wait_for(lambda: not _exists(core.read_namespaced_secret, "bg-shared"), message="bg-shared collected")
 
 
 def test_foreground_deletion_waits_for_dependents(core: client.CoreV1Api) -> None:
@@ -92,16 +82,16 @@ def test_foreground_deletion_waits_for_dependents(core: client.CoreV1Api) -> Non
     owner = core.read_namespaced_config_map("fg-owner", "default")
     assert owner.metadata.deletion_timestamp is not None
     assert "foregroundDeletion" in owner.metadata.finalizers
-    poll(lambda: not _exists(core.read_namespaced_secret, "fg-dep"), what="fg-dep collected")
-    pod = poll(
+    wait_for(lambda: not _exists(core.read_namespaced_secret, "fg-dep"), message="fg-dep collected")
+    pod = wait_for(
         lambda: core.read_namespaced_pod("fg-pod", "default").metadata.deletion_timestamp and True,
-        what="pod marked",
+        message="pod marked",
     )
     assert pod
     assert _exists(core.read_namespaced_config_map, "fg-owner")  # held by the terminating pod
 
     core.delete_namespaced_pod("fg-pod", "default", grace_period_seconds=0)  # as the kubelet does
-    poll(lambda: not _exists(core.read_namespaced_config_map, "fg-owner"), what="owner removed")
+    wait_for(lambda: not _exists(core.read_namespaced_config_map, "fg-owner"), message="owner removed")
 
 
 def test_orphan_deletion_keeps_dependents(core: client.CoreV1Api) -> None:
@@ -117,4 +107,4 @@ def test_orphan_deletion_keeps_dependents(core: client.CoreV1Api) -> None:
 def test_dependent_of_a_missing_owner_is_collected(core: client.CoreV1Api) -> None:
     ghost = client.V1OwnerReference(api_version="v1", kind="ConfigMap", name="ghost", uid="no-such-uid")
     _dependent(core, "orphaned-at-birth", ghost)
-    poll(lambda: not _exists(core.read_namespaced_secret, "orphaned-at-birth"), what="collection")
+    wait_for(lambda: not _exists(core.read_namespaced_secret, "orphaned-at-birth"), message="collection")

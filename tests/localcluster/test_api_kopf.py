@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import kopf
@@ -15,21 +14,12 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from rtj_localcluster.apiserver import ApiServer
+from rtj_localcluster.testing import wait_for
 
 pytestmark = pytest.mark.slow
 
 GROUP, VERSION, PLURAL = "kopf.example.com", "v1", "gadgets"
 FINALIZER = "kopf.example.com/finalizer"
-
-
-def poll(condition: Callable[[], Any], timeout: float = 90.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 CRD = {
@@ -140,7 +130,7 @@ class Operator:
         self.thread.start()
 
     def stop(self) -> None:
-        poll(lambda: self.stop_flag is not None, what="operator start")
+        wait_for(lambda: self.stop_flag is not None, timeout=90.0, message="operator start")
         assert self.stop_flag is not None
         self.loop.call_soon_threadsafe(self.stop_flag.set)
         self.thread.join(60)
@@ -163,13 +153,15 @@ def test_kopf_operator_handles_create_update_delete(api: ApiServer, custom: clie
             obj = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "g1")
             return obj if (obj.get("status") or {}).get("created") else None
 
-        obj = poll(handled, what="the create handler's result in status")
+        obj = wait_for(handled, timeout=90.0, message="the create handler's result in status")
         assert obj["status"]["created"] == {"seenSize": 1}
         assert FINALIZER in obj["metadata"]["finalizers"]
         assert ("create", "g1", 1) in operator.calls
 
         custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "g1", {"spec": {"size": 2}})
-        poll(lambda: ("update", "g1", (1, 2)) in operator.calls, what="the update handler")
+        wait_for(
+            lambda: ("update", "g1", (1, 2)) in operator.calls, timeout=90.0, message="the update handler"
+        )
 
         custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "g1")
 
@@ -180,7 +172,7 @@ def test_kopf_operator_handles_create_update_delete(api: ApiServer, custom: clie
                 return error.status == 404
             return False
 
-        poll(gone, what="deletion after kopf removed its finalizer")
+        wait_for(gone, timeout=90.0, message="deletion after kopf removed its finalizer")
         assert ("delete", "g1", None) in operator.calls
         # kopf posted its events (core/v1) about the object.
         events = client.CoreV1Api(custom.api_client).list_namespaced_event("default").items

@@ -11,11 +11,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client, config
 from rtj_localcluster.apiserver import ApiServer
+from rtj_localcluster.testing import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -69,16 +69,6 @@ metadata:
 spec:
   size: 3
 """
-
-
-def poll(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -180,8 +170,9 @@ def test_patch_label_and_get_watch(
             assert lines.get(timeout=60).split()[:2] == ["w1", "3"]
 
             kubectl("patch", "widget", "w1", "--type", "merge", "-p", '{"spec":{"size":5}}')
-            poll(
-                lambda: any(line.split()[:2] == ["w1", "5"] for line in _drain(lines)), what="line for size 5"
+            wait_for(
+                lambda: any(line.split()[:2] == ["w1", "5"] for line in _drain(lines)),
+                message="line for size 5",
             )
             kubectl(
                 "patch",
@@ -192,9 +183,9 @@ def test_patch_label_and_get_watch(
                 "-p",
                 '[{"op":"replace","path":"/spec/color","value":"blue"}]',
             )
-            poll(
+            wait_for(
                 lambda: any(line.split()[1:3] == ["5", "blue"] for line in _drain(lines)),
-                what="line for blue",
+                message="line for blue",
             )
         finally:
             watcher.terminate()
