@@ -287,34 +287,8 @@ def bench_killsaves(base: Path, trials: int) -> dict[str, Any]:
     partial = 0
     resumed: list[int] = []
     for trial in range(trials):
-        root = base / f"kill-{trial}"
-        with subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rtj_trainer.checkpoint_drill",
-                "save",
-                "--dir",
-                str(root),
-                "--ranks",
-                "2",
-                "--tensors",
-                "4",
-                "--numel",
-                str(1 << 19),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        ) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.startswith("committed"):
-                    break
-            time.sleep(rng.uniform(0.0, 1.5))
-            proc.kill()
-            proc.wait()
-        check = checkpoint_drill.check(root, ranks=2, tensors=4, numel=1 << 19)  # raises on a bad resume
+        # raises on a bad resume
+        check = checkpoint_drill.kill_during_saves(base / f"kill-{trial}", rng, max_delay_seconds=1.5)
         resumed.append(int(str(check["resumedStep"])))
         partial += bool(check["partialBefore"])
     return {

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -72,6 +74,38 @@ def check(root: Path, ranks: int, tensors: int, numel: int) -> dict[str, object]
                     )
     partial_after = [c.step for c in list_checkpoints(root) if not c.committed]
     return {"resumedStep": step, "partialBefore": partial_before, "partialAfter": partial_after}
+
+
+def kill_during_saves(
+    root: Path,
+    rng: random.Random,
+    *,
+    max_delay_seconds: float,
+    ranks: int = 2,
+    tensors: int = 4,
+    numel: int = 1 << 19,
+    keep: int = 2,
+    commit_timeout_seconds: float = 240,
+) -> dict[str, object]:
+    """One trial: run the save loop in a child process, SIGKILL it at a random moment (up to
+    `max_delay_seconds`) after its first commit, while later saves are in flight, then `check`."""
+    command = [sys.executable, "-m", "rtj_trainer.checkpoint_drill", "save", "--dir", str(root)]
+    command += ["--ranks", str(ranks), "--tensors", str(tensors), "--numel", str(numel), "--keep", str(keep)]
+    # The killed drill's resource tracker reports the semaphores it cleans up: expected, so not shown.
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            deadline = time.monotonic() + commit_timeout_seconds
+            for line in proc.stdout:
+                if line.startswith("committed"):
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError("no checkpoint committed")
+            time.sleep(rng.uniform(0.0, max_delay_seconds))
+        finally:
+            proc.kill()
+            proc.wait(timeout=60)
+    return check(root, ranks, tensors, numel)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
