@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 CHECKOV_VENV := $(VENV)/tools-checkov
 CHECKOV      := $(CHECKOV_VENV)/bin/checkov
 
-.PHONY: setup demo test lint typecheck unit crds clean
+.PHONY: setup control-plane demo test lint typecheck unit crds clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -28,9 +28,16 @@ HELM := $(BIN)/helm
 $(HELM): scripts/install-helm.sh | $(STAMP)
 	scripts/install-helm.sh $(HELM)
 
-setup: $(STAMP) $(CHECKOV) $(HELM)
+# The real Kubernetes control plane the local cluster runs (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl), built once from the Go modules pinned in
+# localcluster/controlplane/ into ~/.cache/rtj (see the script; KUBEBUILDER_ASSETS skips the build).
+# kubectl of that version is linked into .venv/bin.
+control-plane: | $(STAMP)
+	dir=$$(scripts/build-control-plane.sh) && ln -sf "$$dir/kubectl" $(BIN)/kubectl
 
-demo: $(STAMP)
+setup: $(STAMP) $(CHECKOV) $(HELM) control-plane
+
+demo: $(STAMP) control-plane
 	$(BIN)/rtj demo
 
 lint: $(STAMP)
@@ -40,7 +47,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) $(CHECKOV) $(HELM) lint typecheck
+test: $(STAMP) $(CHECKOV) $(HELM) control-plane lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Regenerate crds/, docs/api.md and the chart's CRD copy from the pydantic models.
