@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from rtj_localcluster.binaries import program
 from rtj_localcluster.cluster import LocalCluster, LocalClusterSettings
 from rtj_operator import constants
 from rtj_operator.kube import Kube
@@ -155,7 +156,7 @@ def main() -> int:
     cluster.start()
     kubeconfig = str(cluster.kubeconfig_path)
     subprocess.run(
-        ["kubectl", f"--kubeconfig={kubeconfig}", "apply", "-f", str(ROOT / "crds")],
+        [str(program("kubectl")), f"--kubeconfig={kubeconfig}", "apply", "-f", str(ROOT / "crds")],
         check=True,
         capture_output=True,
     )

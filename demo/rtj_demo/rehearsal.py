@@ -263,10 +263,14 @@ class Stack:
         )
 
     def kubectl(self, *args: str, input_text: str | None = None, timeout: float = 120) -> str:
-        if shutil.which("kubectl") is None:
-            raise MissingComponentError("kubectl is not on the PATH (the demo applies the CRD with it)")
+        from rtj_localcluster.binaries import MissingBinaryError, program
+
+        try:
+            kubectl = program("kubectl")
+        except MissingBinaryError as error:
+            raise MissingComponentError(str(error)) from error
         done = subprocess.run(
-            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            [str(kubectl), "--kubeconfig", str(self.kubeconfig), *args],
             input=input_text,
             capture_output=True,
             text=True,

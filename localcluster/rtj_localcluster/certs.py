@@ -1,9 +1,14 @@
-"""Self-signed PKI for the embedded API server: a CA and a serving certificate for loopback.
+"""The local cluster's PKI: one CA, serving certificates, client certificates, the service-account key.
 
-The API server (``rtj_localcluster.apiserver``) calls :func:`make_pki` at start; the CA goes into the
-kubeconfig (so kubectl, Helm, kopf and the Python client verify TLS exactly as against a real
-cluster) and into every pod's service-account directory (written by the kubelet). Elliptic-curve
-keys keep generation fast on a loaded machine.
+``ControlPlane`` (``rtj_localcluster.controlplane``) creates the CA and the API server's files once per
+state directory (:func:`ensure_pki`, so that ``--keep-state`` keeps credentials valid) and a client
+certificate per identity: the admin (group ``system:masters``, for kubectl, Helm and the tests), the
+controller manager and scheduler (``system:kube-controller-manager``, ``system:kube-scheduler``), the
+API server's client for kubelets, and one per simulated node (``system:node:<name>`` in
+``system:nodes``, so that the Node authorizer and NodeRestriction admission judge what each kubelet
+does). Identities are certificates because that is what the API server's ``--client-ca-file``
+authenticates without any further set-up. Elliptic-curve keys keep generation fast on a loaded
+machine.
 """
 
 from __future__ import annotations
@@ -27,16 +32,48 @@ SERVING_DNS_NAMES = (
     "kubernetes.default.svc",
     "kubernetes.default.svc.cluster.local",
 )
+VALID_DAYS = 365
+
+
+@dataclass(frozen=True)
+class CertPair:
+    """A certificate and its key, as PEM files."""
+
+    cert: Path
+    key: Path
 
 
 @dataclass(frozen=True)
 class Pki:
-    """Paths of the PEM files :func:`make_pki` wrote."""
+    """The files :func:`ensure_pki` keeps under one directory."""
 
-    ca_cert: Path
-    ca_key: Path
-    serving_cert: Path
-    serving_key: Path
+    directory: Path
+    ca: CertPair
+    apiserver: CertPair
+    service_account_key: Path
+    """The key that signs service-account tokens (its public half: ``service_account_public``)."""
+    service_account_public: Path
+
+    def client(self, name: str, common_name: str, organizations: tuple[str, ...] = ()) -> CertPair:
+        """A client certificate for ``common_name`` (the user) in ``organizations`` (its groups),
+        issued once and reused."""
+        pair = CertPair(self.directory / f"{name}.crt", self.directory / f"{name}.key")
+        if not (pair.cert.exists() and pair.key.exists()):
+            _issue(self.ca, pair, _name(common_name, organizations), client=True)
+        return pair
+
+    def serving(self, name: str, ip_addresses: tuple[str, ...] = ("127.0.0.1",)) -> CertPair:
+        """A serving certificate for loopback (the kubelets' HTTPS endpoints), issued once."""
+        pair = CertPair(self.directory / f"{name}.crt", self.directory / f"{name}.key")
+        if not (pair.cert.exists() and pair.key.exists()):
+            _issue(self.ca, pair, _name(name), ip_addresses=ip_addresses, dns_names=("localhost",))
+        return pair
+
+
+def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
+    attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    return x509.Name(attributes)
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
@@ -50,21 +87,21 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     path.chmod(0o600)
 
 
-def make_pki(directory: Path, ip_addresses: tuple[str, ...] = ("127.0.0.1",), days: int = 365) -> Pki:
-    """Create a fresh CA and a serving certificate signed by it under ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
+def _validity() -> tuple[datetime.datetime, datetime.datetime]:
     now = datetime.datetime.now(datetime.UTC)
     # Backdated so that a clock a little behind on a client does not reject a brand-new certificate.
-    not_before = now - datetime.timedelta(hours=1)
-    not_after = now + datetime.timedelta(days=days)
+    return now - datetime.timedelta(hours=1), now + datetime.timedelta(days=VALID_DAYS)
 
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rtj-local-ca")])
-    ca_cert = (
+
+def _make_ca(pair: CertPair) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name("rtj-local-ca")
+    not_before, not_after = _validity()
+    cert = (
         x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
         .not_valid_after(not_after)
@@ -83,38 +120,78 @@ def make_pki(directory: Path, ip_addresses: tuple[str, ...] = ("127.0.0.1",), da
             ),
             critical=True,
         )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
     )
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(pair.key, key)
 
+
+def _issue(
+    ca: CertPair,
+    pair: CertPair,
+    subject: x509.Name,
+    *,
+    client: bool = False,
+    ip_addresses: tuple[str, ...] = (),
+    dns_names: tuple[str, ...] = (),
+) -> None:
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     key = ec.generate_private_key(ec.SECP256R1())
-    alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in SERVING_DNS_NAMES]
-    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
-    cert = (
+    not_before, not_after = _validity()
+    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
-        .sign(ca_key, hashes.SHA256())
     )
+    alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+    if alt_names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(pair.key, key)
 
+
+def ensure_pki(directory: Path, service_ip: str) -> Pki:
+    """The CA, the API server's serving certificate (loopback, ``service_ip`` and the in-cluster
+    names) and the service-account signing key under ``directory``; created when missing."""
+    directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(
-        ca_cert=directory / "ca.crt",
-        ca_key=directory / "ca.key",
-        serving_cert=directory / "apiserver.crt",
-        serving_key=directory / "apiserver.key",
+        directory=directory,
+        ca=CertPair(directory / "ca.crt", directory / "ca.key"),
+        apiserver=CertPair(directory / "apiserver.crt", directory / "apiserver.key"),
+        service_account_key=directory / "service-account.key",
+        service_account_public=directory / "service-account.pub",
     )
-    pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(pki.ca_key, ca_key)
-    pki.serving_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(pki.serving_key, key)
+    if not (pki.ca.cert.exists() and pki.ca.key.exists()):
+        _make_ca(pki.ca)
+    if not pki.apiserver.cert.exists():
+        _issue(
+            pki.ca,
+            pki.apiserver,
+            _name("kube-apiserver"),
+            ip_addresses=("127.0.0.1", service_ip),
+            dns_names=SERVING_DNS_NAMES,
+        )
+    if not pki.service_account_key.exists():
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write_key(pki.service_account_key, key)
+        pki.service_account_public.write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
     return pki

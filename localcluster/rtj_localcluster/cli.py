@@ -194,9 +194,12 @@ def _up(args: argparse.Namespace) -> int:
         _print_usage_hint(running["kubeconfig"])
         return 0
     state_dir.mkdir(parents=True, exist_ok=True)
-    # Each `up` starts a fresh cluster: objects and pod directories of an earlier one would refer
-    # to processes that no longer exist.
-    for stale in ("api", "pods", "hosts", DAEMON_FILE):
+    # Each `up` starts a fresh cluster unless --keep-state: then etcd's data, the credentials and
+    # the volumes stay, and the kubelets start the pods bound to them again (like rebooted nodes).
+    stale_paths = ["pods", "hosts", DAEMON_FILE]
+    if not args.keep_state:
+        stale_paths += ["control-plane", "volumes"]
+    for stale in stale_paths:
         path = state_dir / stale
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
@@ -376,7 +379,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     cluster_options(up)
     up.add_argument(
-        "--timeout", type=float, default=120.0, help="seconds to wait for the cluster to be ready"
+        "--timeout", type=float, default=180.0, help="seconds to wait for the cluster to be ready"
+    )
+    up.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="keep the previous cluster's objects, credentials and volumes (default: start afresh)",
     )
     up.set_defaults(func=_up)
     down = commands.add_parser("down", parents=[common], help="stop the cluster and every process it started")

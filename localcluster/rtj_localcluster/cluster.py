@@ -1,11 +1,12 @@
 """``LocalCluster``: the embedded cluster put together, and the fault-injection API.
 
-Starts the API server (``rtj_localcluster.apiserver``), then in one background thread an asyncio
-loop running the shared informers (``client``), the scheduler, the node lifecycle controller
-(``nodes``), the volume binder (``volumes``), the DNS hosts-file writer (``dns``) and one process
-kubelet per simulated node (``kubelet``). All of them use the API server over HTTPS like their real
-counterparts. ``stop()`` kills every process the kubelets started (found by the cluster's mark in
-their environment, even those a launcher moved to a new session) and stops the server.
+Starts the real control plane (``controlplane``: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler), then in one background thread an asyncio loop running what Kubernetes does not ship
+for this use: shared informers (``client``), one process kubelet per simulated node (``kubelet``),
+the volume provisioner (``volumes``) and the DNS hosts-file writer (``dns``). Each kubelet talks to
+the API server with its own node identity (``system:node:<name>``), the rest as the cluster's admin.
+``stop()`` kills every process the kubelets started (found by the cluster's mark in their
+environment, even those a launcher moved to a new session) and stops the control plane.
 
 Used by the pytest fixtures (``testing``), the CLI daemon (``cli``) and the demo.
 """
@@ -29,11 +30,11 @@ from typing import Any, TypeVar
 import psutil
 
 from .client import ApiError, Informer, KubeClient, KubeConfig, path_for
+from .controlplane import ControlPlane, ControlPlaneSettings, stop_marked_processes
 from .dns import HostsFileWriter
 from .kubelet import MARK_POD, IpAllocator, Kubelet, KubeletConfig, signal_marked
-from .nodes import PROFILES, NodeLifecycleController, node_object
-from .scheduler import DEFAULT_TOLERATION_SECONDS, Scheduler
-from .volumes import VolumeBinder, default_storage_class
+from .nodes import PROFILES, node_object
+from .volumes import Provisioner, default_storage_class
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,19 @@ MARK_CLUSTER = "RTJ_LOCAL_CLUSTER_ID"
 INFORMED = (
     "pods",
     "nodes",
-    "leases",
     "services",
     "persistentvolumeclaims",
     "persistentvolumes",
     "storageclasses",
 )
+IMAGE_ENTRYPOINTS: dict[str, list[str]] = {
+    # The project's images, as their Dockerfiles' ENTRYPOINTs: run from the host's environment.
+    "rtj-operator": ["rtj-operator"],
+    "rtj-trainer": ["rtj-launch"],
+}
+DEFAULT_TOLERATION_SECONDS = 300
+"""What DefaultTolerationSeconds admission gives pods without their own not-ready/unreachable
+tolerations (Kubernetes' default)."""
 
 
 def kill_cluster_processes(cluster_id: str) -> int:
@@ -89,8 +97,8 @@ class LocalClusterSettings:
     node_monitor_grace_seconds: float = 40.0
     """Lease age after which a node is marked Ready=Unknown (Kubernetes' node-monitor-grace-period:
     40 s, 50 s from 1.32). Tests and the demo use 3-5 s."""
-    node_monitor_period_seconds: float = 0.5
-    """How often the lifecycle controller checks leases and evictions."""
+    node_monitor_period_seconds: float = 1.0
+    """How often the node lifecycle controller checks nodes (Kubernetes: 5 s)."""
     default_toleration_seconds: int = DEFAULT_TOLERATION_SECONDS
     """DefaultTolerationSeconds for pods without their own not-ready/unreachable tolerations (300)."""
     restart_backoff_seconds: float = 1.0
@@ -98,11 +106,11 @@ class LocalClusterSettings:
     max_restart_backoff_seconds: float = 10.0
     """Cap of that delay (Kubernetes: 300 s; kept short so local rehearsals move on)."""
     api_port: int = 0
-    """The API server's port on 127.0.0.1 (0: any free port)."""
+    """The API server's port on 127.0.0.1 (0: a free port, kept with the state for later starts)."""
     bin_dir: Path = field(default_factory=lambda: Path(sys.executable).parent)
     """Put first on every container's PATH: the environment whose programs the pods run."""
-    start_timeout_seconds: float = 120.0
-    """How long ``start()`` waits for the API server and every node to be Ready."""
+    start_timeout_seconds: float = 180.0
+    """How long ``start()`` waits for the control plane and every node to be Ready."""
 
 
 class LocalCluster:
@@ -114,7 +122,7 @@ class LocalCluster:
         self.settings = settings
         self.state_dir = Path(settings.state_dir).resolve()
         self.cluster_id = uuid.uuid4().hex
-        self.api: Any = None
+        self.control_plane: ControlPlane | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -129,11 +137,18 @@ class LocalCluster:
 
     @property
     def kubeconfig_path(self) -> Path:
-        return Path(self.api.kubeconfig_path)
+        """The admin's kubeconfig (kubectl, Helm, the tests)."""
+        return self._control_plane.kubeconfig_path
 
     @property
     def url(self) -> str:
-        return str(self.api.url)
+        return self._control_plane.url
+
+    @property
+    def _control_plane(self) -> ControlPlane:
+        if self.control_plane is None:
+            raise RuntimeError("the local cluster is not running")
+        return self.control_plane
 
     @property
     def hosts_file(self) -> Path:
@@ -161,12 +176,21 @@ class LocalCluster:
         self.stop()
 
     def start(self) -> None:
-        from .apiserver import ApiServer
-
         started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.api = ApiServer(self.state_dir / "api", port=self.settings.api_port, log_root=self.state_dir)
-        self.api.start()
+        settings = self.settings
+        self.control_plane = ControlPlane(
+            ControlPlaneSettings(
+                state_dir=self.state_dir,
+                node_monitor_grace_seconds=settings.node_monitor_grace_seconds,
+                node_monitor_period_seconds=settings.node_monitor_period_seconds,
+                default_toleration_seconds=settings.default_toleration_seconds,
+                api_port=settings.api_port,
+                start_timeout_seconds=settings.start_timeout_seconds,
+                cluster_id=self.cluster_id,
+            )
+        )
+        self.control_plane.start()
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._thread = threading.Thread(target=loop.run_forever, name="rtj-local-cluster", daemon=True)
@@ -191,9 +215,10 @@ class LocalCluster:
                 loop.close()
         self._loop = self._thread = None
         self._sweep_processes()
-        if self.api is not None:
-            self.api.stop()
-            self.api = None
+        if self.control_plane is not None:
+            self.control_plane.stop()
+            self.control_plane = None
+        stop_marked_processes(self.cluster_id)
 
     def _sweep_processes(self) -> None:
         kill_cluster_processes(self.cluster_id)
@@ -209,12 +234,6 @@ class LocalCluster:
             future.cancel()  # do not leave it running on the loop that stop() is about to close
             raise
 
-    def _token(self, namespace: str, account: str) -> str:
-        issue = getattr(self.api, "service_account_token", None)
-        if callable(issue):
-            return str(issue(namespace, account))
-        return self._client.config.token or "" if self._client else ""
-
     async def _astart(self) -> None:
         config = KubeConfig(self.kubeconfig_path)
         self._client = KubeClient(config, user_agent="rtj-local-controllers")
@@ -229,38 +248,19 @@ class LocalCluster:
         informers = self._informers
         self._spawn(HostsFileWriter(self.hosts_file, informers["pods"], informers["services"]).run(), "dns")
         self._spawn(
-            Scheduler(
-                self._client,
-                informers["pods"],
-                informers["nodes"],
-                default_toleration_seconds=self.settings.default_toleration_seconds,
-            ).run(),
-            "scheduler",
-        )
-        self._spawn(
-            NodeLifecycleController(
-                self._client,
-                informers["nodes"],
-                informers["leases"],
-                informers["pods"],
-                grace_seconds=self.settings.node_monitor_grace_seconds,
-                period_seconds=self.settings.node_monitor_period_seconds,
-            ).run(),
-            "node-lifecycle",
-        )
-        self._spawn(
-            VolumeBinder(
+            Provisioner(
                 self._client,
                 informers["persistentvolumeclaims"],
                 informers["persistentvolumes"],
                 informers["storageclasses"],
                 self.state_dir,
             ).run(),
-            "volume-binder",
+            "volume-provisioner",
         )
         for _ in range(self.settings.nodes):
             await self._add_node(None, self.settings.profile, self.settings.gpu_taint)
         await self._wait_nodes_ready(list(self._kubelets))
+        await self._wait_default_service_account()
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coroutine, name=name)
@@ -270,6 +270,7 @@ class LocalCluster:
         for kubelet in self._kubelets.values():
             kubelet.kill()
         await asyncio.gather(*(kubelet.reap() for kubelet in self._kubelets.values()))
+        await asyncio.gather(*(kubelet.close() for kubelet in self._kubelets.values()))
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -289,6 +290,25 @@ class LocalCluster:
                 return
             await asyncio.sleep(0.05)
 
+    async def _wait_default_service_account(self) -> None:
+        """ServiceAccount admission refuses pods until the controller manager made ``default``."""
+        assert self._client is not None
+        while True:
+            try:
+                await self._client.get(path_for("serviceaccounts", "default", "default"))
+                return
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+            await asyncio.sleep(0.1)
+
+    def _node_client(self, name: str) -> KubeClient:
+        """A client with the node's own identity: the Node authorizer and NodeRestriction judge it."""
+        kubeconfig = self._control_plane.kubeconfig_for(
+            f"node-{name}", f"system:node:{name}", ("system:nodes",)
+        )
+        return KubeClient(KubeConfig(kubeconfig), user_agent=f"rtj-local-kubelet/{name}")
+
     async def _add_node(self, name: str | None, profile_name: str, gpu_taint: bool) -> str:
         assert self._client is not None
         if name is None:
@@ -298,32 +318,34 @@ class LocalCluster:
             self._node_count += 1
         if name in self._kubelets and not self._kubelets[name].dead:
             raise ValueError(f"node {name!r} already exists")
+        if name in self._kubelets:  # a killed node comes back (a reboot): its old agent is gone
+            await self._kubelets.pop(name).close()
         profile = PROFILES[profile_name]
         zones = self.settings.zones
         zone = zones[len(self._kubelets) % len(zones)]
         config = KubeletConfig(
             state_dir=self.state_dir,
             api_host="127.0.0.1",
-            api_port=int(self.url.rsplit(":", 1)[1].split("/")[0]),
-            ca_path=Path(self.api.ca_path),
+            api_port=self._control_plane.ports["apiserver"],
             hosts_file=self.hosts_file,
             bin_dir=self.settings.bin_dir,
             heartbeat_interval_seconds=self.settings.heartbeat_interval_seconds,
             node_status_interval_seconds=self.settings.node_status_interval_seconds,
             restart_backoff_seconds=self.settings.restart_backoff_seconds,
             max_restart_backoff_seconds=self.settings.max_restart_backoff_seconds,
-            token_for=self._token,
+            image_entrypoints=IMAGE_ENTRYPOINTS,
             extra_env={MARK_CLUSTER: self.cluster_id},
         )
         kubelet = Kubelet(
             name,
             profile,
             node_object(name, profile, zone=zone, gpu_taint=gpu_taint),
-            client=self._client,
+            client=self._node_client(name),
             pods=self._informers["pods"],
             nodes=self._informers["nodes"],
             config=config,
             ips=self._ips,
+            serving=self._control_plane.pki_serving("kubelet-serving"),
         )
         await kubelet.register()
         kubelet.start()
@@ -403,6 +425,8 @@ class LocalCluster:
             with contextlib.suppress(ApiError):
                 await self._client.delete(path_for("nodes", name=name))
             self._kubelets.pop(name, None)
+            await kubelet.reap()
+            await kubelet.close()
 
         self._call(delete())
 

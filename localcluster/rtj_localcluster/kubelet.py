@@ -21,24 +21,28 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from .certs import CertPair
 from .client import ApiError, Informer, KubeClient, now_micro, now_rfc3339, path_for
+from .logserver import LogServer
 from .nodes import NODE_LEASE_NAMESPACE, NodeProfile, node_status, ready_condition
 from .podenv import (
     SERVICE_ACCOUNT_DIR,
     condition,
     container_argv,
+    field_ref_value,
     merge_conditions,
     normalise_mounts,
     pod_phase,
@@ -64,15 +68,16 @@ class KubeletConfig:
     state_dir: Path
     api_host: str
     api_port: int
-    ca_path: Path
     hosts_file: Path
     bin_dir: Path
     heartbeat_interval_seconds: float
     node_status_interval_seconds: float
     restart_backoff_seconds: float
     max_restart_backoff_seconds: float
-    token_for: Callable[[str, str], str]
-    """(namespace, service account) -> the bearer token written into the pod."""
+    image_entrypoints: Mapping[str, list[str]] = field(default_factory=dict)
+    """Image name (the last path element, without tag or digest) -> the command that stands for its
+    entrypoint, for containers that give no ``command``: the project's own images run as local
+    programs (``rtj-operator``, ``rtj-launch``)."""
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """Added to every container's environment (the cluster's own mark)."""
 
@@ -324,18 +329,8 @@ class PodWorker:
         self.tmp_dir = _short_temp_dir(f"rtj-{self.uid[:8]}-")
         self.pod_ip = self.kubelet.ips.allocate()
         self._dirty.set()
-        await self._write_service_account()
         for volume in self.pod.get("spec", {}).get("volumes") or []:
             self.volumes[volume["name"]] = await self._prepare_volume(volume)
-
-    async def _write_service_account(self) -> None:
-        spec = self.pod.get("spec", {})
-        target = self.dir / "serviceaccount"
-        target.mkdir(exist_ok=True)
-        account = spec.get("serviceAccountName") or "default"
-        (target / "token").write_text(self.kubelet.config.token_for(self.namespace, account))
-        (target / "namespace").write_text(self.namespace)
-        shutil.copyfile(self.kubelet.config.ca_path, target / "ca.crt")
 
     async def _prepare_volume(self, volume: Mapping[str, Any]) -> str:
         name = volume["name"]
@@ -358,14 +353,80 @@ class PodWorker:
                     raise RuntimeError(f"{kind} {source.get(key)!r} not found")
                 self._write_files(own, obj or {}, decode=kind == "secret", items=source.get("items"))
                 return str(own)
-        if "projected" in volume or "downwardAPI" in volume:
-            own.mkdir(parents=True, exist_ok=True)
+        if "projected" in volume:
+            await self._write_projected(own, volume["projected"] or {})
+            return str(own)
+        if "downwardAPI" in volume:
+            self._write_downward_api(own, (volume["downwardAPI"] or {}).get("items") or [])
             return str(own)
         raise RuntimeError(f"volume {name!r}: unsupported volume type")
 
+    async def _write_projected(self, target: Path, projected: Mapping[str, Any]) -> None:
+        """A projected volume, as ServiceAccount admission adds one to every pod (kube-api-access-*):
+        a token from the TokenRequest API bound to this pod, the cluster CA from the
+        ``kube-root-ca.crt`` ConfigMap, and the namespace from the downward API."""
+        self._write_files(target, {}, decode=False, items=None)  # the volume exists even when empty
+        for source in projected.get("sources") or []:
+            if "serviceAccountToken" in source:
+                token_source = source["serviceAccountToken"] or {}
+                token = await self._request_token(token_source)
+                (target / token_source.get("path", "token")).write_text(token)
+            elif "configMap" in source or "secret" in source:
+                kind, resource = (
+                    ("configMap", "configmaps") if "configMap" in source else ("secret", "secrets")
+                )
+                ref = source[kind] or {}
+                obj = await self._get_optional(resource, ref.get("name", ""))
+                if obj is None and not ref.get("optional"):
+                    raise RuntimeError(f"{kind} {ref.get('name')!r} not found")
+                self._write_files(target, obj or {}, decode=kind == "secret", items=ref.get("items"))
+            elif "downwardAPI" in source:
+                self._write_downward_api(target, (source["downwardAPI"] or {}).get("items") or [])
+
+    async def _request_token(self, source: Mapping[str, Any]) -> str:
+        """A service-account token bound to this pod (NodeRestriction lets a node ask only for its
+        own pods' accounts, and only bound to the pod)."""
+        account = self.pod.get("spec", {}).get("serviceAccountName") or "default"
+        spec: dict[str, Any] = {
+            "expirationSeconds": int(source.get("expirationSeconds") or 3607),
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid},
+        }
+        if source.get("audience"):
+            spec["audiences"] = [source["audience"]]
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+        path = path_for("serviceaccounts", self.namespace, account, "token")
+        result = await self._with_authorization_retry(lambda: self.kubelet.client.create(path, body))
+        return str(result["status"]["token"])
+
+    def _write_downward_api(self, target: Path, items: list[Mapping[str, Any]]) -> None:
+        target.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            field = (item.get("fieldRef") or {}).get("fieldPath")
+            if not field:
+                continue
+            value = field_ref_value(field, self.pod, pod_ip=self.pod_ip, host_ip=self.kubelet.host_ip)
+            path = target / item["path"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(value)
+
+    async def _with_authorization_retry(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """``call``, retried while the Node authorizer does not yet know the pod is bound here: its
+        graph follows the pod's binding a moment later, and a real kubelet retries too."""
+        for attempt in range(50):
+            try:
+                return await call()
+            except ApiError as error:
+                if error.status != 403 or attempt == 49:
+                    raise
+                await asyncio.sleep(0.2)
+        raise AssertionError("unreachable")
+
     async def _get_optional(self, resource: str, name: str) -> dict[str, Any] | None:
+        path = path_for(resource, self.namespace, name)
         try:
-            result: dict[str, Any] = await self.kubelet.client.get(path_for(resource, self.namespace, name))
+            result: dict[str, Any] = await self._with_authorization_retry(
+                lambda: self.kubelet.client.get(path)
+            )
             return result
         except ApiError as error:
             if error.status == 404:
@@ -395,17 +456,24 @@ class PodWorker:
             pvc = await self._get_optional("persistentvolumeclaims", claim)
             volume_name = (pvc or {}).get("spec", {}).get("volumeName")
             if pvc is not None and volume_name and pvc.get("status", {}).get("phase") == "Bound":
-                pv = await self.kubelet.client.get(path_for("persistentvolumes", name=volume_name))
+                pv_path = path_for("persistentvolumes", name=volume_name)
+                pv = await self._with_authorization_retry(functools.partial(self.kubelet.client.get, pv_path))
                 return str(volume_directory(pv, self.kubelet.config.state_dir))
             for c in self.containers:
                 c.waiting = ("ContainerCreating", f"waiting for PersistentVolumeClaim {claim!r} to be bound")
             self._dirty.set()
             await asyncio.sleep(0.5)
 
+    def service_account_dir(self) -> str | None:
+        """The real directory of the volume mounted at the service-account path, if any."""
+        for container in self.pod.get("spec", {}).get("containers") or []:
+            for mount in container.get("volumeMounts") or []:
+                if mount.get("mountPath", "").rstrip("/") == SERVICE_ACCOUNT_DIR:
+                    return self.volumes.get(mount["name"])
+        return None
+
     def mounts_for(self, container: Mapping[str, Any]) -> list[tuple[str, str]]:
         mounts: dict[str, str] = {}
-        if self.pod.get("spec", {}).get("automountServiceAccountToken") is not False:
-            mounts[SERVICE_ACCOUNT_DIR] = str(self.dir / "serviceaccount")
         for mount in container.get("volumeMounts") or []:
             real = self.volumes.get(mount["name"])
             if real is None:
@@ -450,8 +518,10 @@ class PodWorker:
         env["KUBERNETES_SERVICE_PORT_HTTPS"] = str(config.api_port)
         env[HOSTS_FILE_ENV] = str(config.hosts_file)
         # Programs that cannot see the mount-path rewriting (a constant in code, not an env value)
-        # find the service-account files through this (rtj_trainer.progress reads it).
-        env["RTJ_SERVICE_ACCOUNT_DIR"] = str(self.dir / "serviceaccount")
+        # find the service-account files through this (rtj_trainer.progress and podsite read it).
+        account_dir = self.service_account_dir()
+        if account_dir:
+            env["RTJ_SERVICE_ACCOUNT_DIR"] = account_dir
         env["RTJ_LOCAL_POD_NAMESPACE"] = self.namespace
         env.update(config.extra_env)
         env[MARK_POD] = self.uid
@@ -476,7 +546,7 @@ class PodWorker:
         # The identity marks must survive a user env that happens to reuse the names.
         env.update(self.kubelet.config.extra_env)
         env.update({MARK_POD: self.uid, MARK_CONTAINER: c.name, MARK_NODE: self.kubelet.name})
-        argv = container_argv(c.spec, env, mounts)
+        argv = container_argv(self.kubelet.with_entrypoint(c.spec), env, mounts)
         working_dir = c.spec.get("workingDir")
         cwd = Path(rewrite_path(working_dir, mounts)) if working_dir else self.dir / "work"
         cwd.mkdir(parents=True, exist_ok=True)
@@ -570,7 +640,6 @@ class PodWorker:
             "hostIPs": [{"ip": self.kubelet.host_ip}],
             "startTime": self.start_time,
             "containerStatuses": [c.status() for c in self.containers],
-            "qosClass": "BestEffort",
         }
         if self.init_containers:
             status["initContainerStatuses"] = [c.status() for c in self.init_containers]
@@ -662,6 +731,13 @@ class PodWorker:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
+def image_name(image: str) -> str:
+    """``registry/path/name:tag@digest`` -> ``name``."""
+    without_digest = image.split("@", 1)[0]
+    last = without_digest.rsplit("/", 1)[-1]
+    return last.split(":", 1)[0]
+
+
 def _short_temp_dir(prefix: str) -> Path:
     # /tmp rather than the host's TMPDIR, which may be long: the pod's IPC socket paths grow from here.
     root = "/tmp" if os.path.isdir("/tmp") else None
@@ -704,6 +780,7 @@ class Kubelet:
         nodes: Informer,
         config: KubeletConfig,
         ips: IpAllocator,
+        serving: CertPair,
         host_ip: str = "127.0.0.1",
     ) -> None:
         self.name = name
@@ -723,18 +800,21 @@ class Kubelet:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
+        self.log_server = LogServer(self.locate_log, serving.cert, serving.key)
         pods.subscribe(self._wake.set)
 
     async def register(self) -> None:
+        if not self.log_server.port:
+            await self.log_server.start()
         try:
             created = await self.client.create(path_for("nodes"), self.node)
         except ApiError as error:
             if error.status != 409:
                 raise
-            meta = self.node["metadata"]
+            # Registered before (a restarted cluster): NodeRestriction lets a node keep its taints
+            # only as they are, so just the labels are brought up to date.
             created = await self.client.patch(
-                path_for("nodes", name=self.name),
-                {"metadata": {"labels": meta["labels"]}, "spec": self.node["spec"]},
+                path_for("nodes", name=self.name), {"metadata": {"labels": self.node["metadata"]["labels"]}}
             )
         await self._post_status()
         lease = {
@@ -763,7 +843,12 @@ class Kubelet:
         ]
 
     async def _post_status(self) -> None:
-        status = node_status(self.profile, host_ip=self.host_ip, not_ready_message=self.not_ready_message)
+        status = node_status(
+            self.profile,
+            host_ip=self.host_ip,
+            kubelet_port=self.log_server.port,
+            not_ready_message=self.not_ready_message,
+        )
         current = self.nodes.get(self.name)
         if current is not None:
             status["conditions"] = merge_conditions(
@@ -858,6 +943,32 @@ class Kubelet:
                 path_for("pods", meta["namespace"], meta["name"]), grace_period_seconds=0
             )
 
+    def with_entrypoint(self, container: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``container`` with the command its image stands for, when it names none itself."""
+        if container.get("command"):
+            return container
+        entrypoint = self.config.image_entrypoints.get(image_name(str(container.get("image", ""))))
+        return {**container, "command": list(entrypoint)} if entrypoint else container
+
+    def locate_log(
+        self, namespace: str, name: str, container: str, previous: bool
+    ) -> tuple[Path, Callable[[], bool]] | None:
+        """The log file of a container of a pod this node runs (for the log endpoint)."""
+        for worker in self.workers.values():
+            if worker.namespace != namespace or worker.name != name:
+                continue
+            runtimes = [c for c in [*worker.init_containers, *worker.containers] if c.name == container]
+            if not runtimes:
+                return None
+            runtime = runtimes[0]
+            if previous:
+                return worker.dir / f"{container}.previous.log", lambda: False
+            return worker.log_path(container), functools.partial(self._still_writing, runtime)
+        return None
+
+    def _still_writing(self, runtime: ContainerRuntime) -> bool:
+        return runtime.running and not self.dead
+
     def find_worker(self, namespace: str, name: str) -> PodWorker | None:
         for worker in self.workers.values():
             if worker.namespace == namespace and worker.name == name and not worker.finished:
@@ -880,6 +991,11 @@ class Kubelet:
         task = asyncio.create_task(self.reap())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        """Stop serving logs and close the node's API connection (after ``kill``)."""
+        await self.log_server.stop()
+        await self.client.close()
 
     async def reap(self) -> None:
         """Collect the exit of every process this kubelet started (after a kill nobody else waits)."""

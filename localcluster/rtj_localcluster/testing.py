@@ -11,8 +11,9 @@ Registered for the whole suite by ``tests/conftest.py``. Fixtures:
 - ``kubeconfig``: the path of a kubeconfig: ``RTJ_TEST_KUBECONFIG`` when set (a real cluster), else
   the shared local cluster's.
 
-Helpers: ``wait_for`` (poll until a condition holds, generous timeouts for loaded machines) and
-``kubectl`` (run the real kubectl against a kubeconfig).
+Helpers: ``wait_for`` (poll until a condition holds, generous timeouts for loaded machines),
+``kubectl`` (run the control plane's own kubectl against a kubeconfig) and ``create_namespace`` (a
+fresh namespace, ready for pods once its ``default`` ServiceAccount exists).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from .binaries import program
 from .cluster import LocalCluster, LocalClusterSettings
 
 T = TypeVar("T")
@@ -64,9 +67,10 @@ def wait_for(
 
 
 def kubectl(kubeconfig: str | os.PathLike[str], *args: str, check: bool = True, timeout: float = 120) -> str:
-    """Run kubectl with ``kubeconfig``; returns stdout (stderr is in the error when it fails)."""
+    """Run kubectl with ``kubeconfig``; returns stdout (stderr is in the error when it fails).
+    The kubectl is the control plane's own, so client and server are of one version."""
     result = subprocess.run(
-        ["kubectl", f"--kubeconfig={kubeconfig}", *args],
+        [str(program("kubectl")), f"--kubeconfig={kubeconfig}", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -75,6 +79,26 @@ def kubectl(kubeconfig: str | os.PathLike[str], *args: str, check: bool = True, 
     if check and result.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
     return result.stdout
+
+
+def create_namespace(
+    kubeconfig: str | os.PathLike[str], prefix: str = "test", labels: dict[str, str] | None = None
+) -> str:
+    """Create a namespace with a unique name and wait until pods can be created in it (the
+    ServiceAccount admission plugin refuses them until the controller manager made ``default``)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    label_args = [f"{key}={value}" for key, value in (labels or {}).items()]
+    kubectl(kubeconfig, "create", "namespace", name)
+    if label_args:
+        kubectl(kubeconfig, "label", "namespace", name, *label_args)
+    wait_for(
+        lambda: kubectl(
+            kubeconfig, "get", "serviceaccount", "default", "-n", name, "-o", "name", check=False
+        ),
+        timeout=60,
+        message=f"the default ServiceAccount of namespace {name}",
+    )
+    return name
 
 
 @pytest.fixture

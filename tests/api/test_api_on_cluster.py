@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from crd_tools import CRD_FILE, REPO, load_example, openapi_schema
+from rtj_localcluster.binaries import program
 from rtj_localcluster.testing import kubectl
 from rtj_operator import api
 from rtj_operator.validation import apply_defaults
@@ -75,7 +76,13 @@ def test_an_invalid_job_is_rejected_naming_the_field(
     job["spec"]["nodes"] = 0
     job["spec"]["checkpoint"]["mode"] = "Lazy"
     result = subprocess.run(
-        ["kubectl", f"--kubeconfig={kubeconfig}", "apply", "-f", _write(tmp_path, "bad.yaml", job)],
+        [
+            str(program("kubectl")),
+            f"--kubeconfig={kubeconfig}",
+            "apply",
+            "-f",
+            _write(tmp_path, "bad.yaml", job),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import psutil
 import pytest
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import kubectl, wait_for
+from rtj_localcluster.testing import create_namespace, kubectl, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +29,8 @@ def api(shared_local_cluster: LocalCluster) -> Any:
 
 
 @pytest.fixture
-def namespace(api: SyncKubeClient) -> Any:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    api.create(path_for("namespaces"), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+def namespace(shared_local_cluster: LocalCluster, api: SyncKubeClient) -> Iterator[str]:
+    name = create_namespace(shared_local_cluster.kubeconfig_path, "t")
     yield name
     api.delete(path_for("namespaces", name=name))
 

@@ -4,7 +4,6 @@ dynamic provisioning by StorageClass), configMap/secret files, hostPath, subPath
 from __future__ import annotations
 
 import base64
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import pytest
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import kubectl, wait_for
+from rtj_localcluster.testing import create_namespace, kubectl, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -24,9 +23,8 @@ def api(shared_local_cluster: LocalCluster) -> Iterator[SyncKubeClient]:
 
 
 @pytest.fixture
-def namespace(api: SyncKubeClient) -> Iterator[str]:
-    name = f"v-{uuid.uuid4().hex[:8]}"
-    api.create(path_for("namespaces"), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+def namespace(shared_local_cluster: LocalCluster, api: SyncKubeClient) -> Iterator[str]:
+    name = create_namespace(shared_local_cluster.kubeconfig_path, "v")
     yield name
     api.delete(path_for("namespaces", name=name))
 

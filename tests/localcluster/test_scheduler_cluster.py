@@ -3,14 +3,13 @@ defaults, and retry when capacity appears."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import wait_for
+from rtj_localcluster.testing import create_namespace, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +21,8 @@ def api(shared_local_cluster: LocalCluster) -> Iterator[SyncKubeClient]:
 
 
 @pytest.fixture
-def namespace(api: SyncKubeClient) -> Iterator[str]:
-    name = f"s-{uuid.uuid4().hex[:8]}"
-    api.create(path_for("namespaces"), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+def namespace(shared_local_cluster: LocalCluster, api: SyncKubeClient) -> Iterator[str]:
+    name = create_namespace(shared_local_cluster.kubeconfig_path, "s")
     yield name
     api.delete(path_for("namespaces", name=name))
 

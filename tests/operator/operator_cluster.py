@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
-from rtj_localcluster.testing import REAL_CLUSTER_ENV, kubectl, wait_for
+from rtj_localcluster.testing import REAL_CLUSTER_ENV, create_namespace, kubectl, wait_for
 from rtj_operator import constants
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
@@ -32,11 +31,7 @@ def install_crd(kubeconfig: str | os.PathLike[str]) -> None:
 
 
 def new_namespace(kubeconfig: str | os.PathLike[str]) -> str:
-    name = f"rtj-test-{uuid.uuid4().hex[:8]}"
-    manifest = Path(tempfile.mkdtemp()) / "namespace.yaml"
-    manifest.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))
-    kubectl(kubeconfig, "apply", "-f", str(manifest))
-    return name
+    return create_namespace(kubeconfig, "rtj-test")
 
 
 def job_manifest(

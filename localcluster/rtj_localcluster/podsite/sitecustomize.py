@@ -7,10 +7,16 @@ are wrapped: a name found in the file named by ``RTJ_LOCAL_HOSTS_FILE`` (written
 search domains (``<ns>.svc.cluster.local``, ``svc.cluster.local``, ``cluster.local``) for short
 names as resolv.conf would; any other name falls through to the real resolver. A
 ``sitecustomize`` later on the path (for example the environment's own) is still imported.
+
+The service-account files sit in a directory of the pod, not at the constant path in-cluster
+clients read: when the official ``kubernetes`` client's ``incluster_config`` module is imported, its
+two path constants are pointed at ``RTJ_SERVICE_ACCOUNT_DIR`` (so an operator pod finds its token).
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import socket
@@ -115,6 +121,39 @@ def _gethostbyname_ex(host: str) -> tuple[str, list[str], list[str]]:
 socket.getaddrinfo = _getaddrinfo
 socket.gethostbyname = _gethostbyname
 socket.gethostbyname_ex = _gethostbyname_ex
+
+
+_INCLUSTER_MODULE = "kubernetes.config.incluster_config"
+
+
+class _InClusterPaths(importlib.abc.MetaPathFinder):
+    """Sets the in-cluster client's token and CA paths right after its module runs."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _INCLUSTER_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            directory = os.environ.get("RTJ_SERVICE_ACCOUNT_DIR", "")
+            module.SERVICE_TOKEN_FILENAME = os.path.join(directory, "token")
+            module.SERVICE_CERT_FILENAME = os.path.join(directory, "ca.crt")
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+if os.environ.get("RTJ_SERVICE_ACCOUNT_DIR"):
+    sys.meta_path.insert(0, _InClusterPaths())
 
 
 def _chain_next_sitecustomize() -> None:
