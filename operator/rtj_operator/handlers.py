@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import kopf
 
-from rtj_operator import constants, kube, metrics, observe, reconcile
+from rtj_operator import constants, decide, kube, metrics, observe
 from rtj_operator import events as rtj_events
 from rtj_operator.progress import RestartOffset
 from rtj_operator.validation import JobValidationError
@@ -147,7 +147,7 @@ async def reconcile_job(ctx: OperatorContext, key: JobKey, runner: JobRunner) ->
         return await _invalid(ctx, fresh)
     pods = list(ctx.pods.get(key, ()) if ctx.pods is not None else ())
     observed = observe.observe(pods, _nodes(ctx), ensure_base=ensure_base, offsets=runner.offsets)
-    plan = reconcile.reconcile(view, observed, _now())
+    plan = decide.reconcile(view, observed, _now())
     if plan.actions or plan.status_changed:
         # Something is to be done: decide again from a fresh read (the indexes may lag our own
         # writes), so that no fault is counted twice and no pod is created twice.
@@ -161,7 +161,7 @@ async def reconcile_job(ctx: OperatorContext, key: JobKey, runner: JobRunner) ->
         pods = await asyncio.to_thread(ctx.kube.list_pods, namespace, name)
         nodes = await _nodes_confirmed(ctx, pods, view.status)
         observed = observe.observe(pods, nodes, ensure_base=ensure_base, offsets=runner.offsets)
-        plan = reconcile.reconcile(view, observed, _now())
+        plan = decide.reconcile(view, observed, _now())
         body = fresh
 
     if plan.status_changed:
@@ -230,7 +230,7 @@ async def _invalid(ctx: OperatorContext, body: Mapping[str, Any]) -> str:
     else:
         return "valid"
     generation = metadata.get("generation")
-    status, changed, emitted = reconcile.reconcile_invalid(
+    status, changed, emitted = decide.reconcile_invalid(
         dict(body.get("status") or {}), generation if isinstance(generation, int) else 0, message, _now()
     )
     if changed:
@@ -382,9 +382,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
             ]
             for node in _nodes(memo)
         }
-        for action in reconcile.finalize(view, taints):
+        for action in decide.finalize(view, taints):
             await asyncio.to_thread(memo.kube.apply, action, key[0])
-            if isinstance(action, reconcile.DeleteObject):
+            if isinstance(action, decide.DeleteObject):
                 kopf.event(
                     body,
                     type=rtj_events.NORMAL,

@@ -21,7 +21,7 @@ from typing import Any, Final
 import kubernetes
 
 from rtj_operator import constants
-from rtj_operator.reconcile import Action, CreateObject, DeleteJob, DeleteObject, DeletePod, TaintNode
+from rtj_operator.decide import Action, CreateObject, DeleteJob, DeleteObject, DeletePod, TaintNode
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from operator_world import T0, World, job_body, node_body
-from rtj_operator import constants, events, reconcile
+from rtj_operator import constants, decide, events
 from rtj_operator.progress import format_time
 
 WORKER, SPARE = constants.ROLE_WORKER, constants.ROLE_SPARE
@@ -27,7 +27,7 @@ def node_of(world: World, role: str, index: int) -> str:
 def test_create_renders_every_child_and_records_workers() -> None:
     world = World.with_nodes(job_body(nodes=3, hotSpares=1), 5)
     plan = world.reconcile()
-    kinds = [a.kind for a in plan.actions if isinstance(a, reconcile.CreateObject)]
+    kinds = [a.kind for a in plan.actions if isinstance(a, decide.CreateObject)]
     # The Service, storage and RBAC come before the pods that need them.
     assert kinds == [
         "ServiceAccount",
@@ -79,7 +79,7 @@ def test_node_not_ready_beyond_grace_replaces_the_worker_elsewhere() -> None:
     assert status["nodeFaults"][0]["nodeName"] == lost and status["nodeFaults"][0]["count"] == 1
     assert status["excludedNodes"] == []  # one fault is below the repeat-offender threshold (2)
     # The pod is stranded on a node no kubelet answers for: force-deleted, then replaced.
-    assert any(isinstance(a, reconcile.DeletePod) and a.grace_seconds == 0 for a in plan.actions)
+    assert any(isinstance(a, decide.DeletePod) and a.grace_seconds == 0 for a in plan.actions)
     assert events.NODE_LOST in world.reasons()
     world.settle()
     assert node_of(world, WORKER, 1) not in {lost, node_of(world, WORKER, 0)}
@@ -142,8 +142,8 @@ def test_repeat_offender_is_excluded_and_optionally_tainted() -> None:
     assert status["nodeFaults"][0]["count"] == 2
     assert [e["nodeName"] for e in status["excludedNodes"]] == [flaky]
     assert status["excludedNodes"][0]["reason"] == "RepeatOffender"
-    taints = [a for a in plan.actions if isinstance(a, reconcile.TaintNode)]
-    assert taints == [reconcile.TaintNode(flaky, constants.TAINT_EXCLUDED, "train", "NoSchedule")]
+    taints = [a for a in plan.actions if isinstance(a, decide.TaintNode)]
+    assert taints == [decide.TaintNode(flaky, constants.TAINT_EXCLUDED, "train", "NoSchedule")]
 
 
 def test_worker_pod_failed_on_healthy_node_is_a_gang_restart() -> None:
@@ -235,7 +235,7 @@ def test_backoff_spaces_replacements() -> None:
     plan = world.reconcile()
     # Counted now, but the replacement waits until 30 s after the previous replacement pod was created.
     assert world.status()["restarts"]["podReplacement"] == 2
-    assert not any(isinstance(a, reconcile.CreateObject) for a in plan.actions)
+    assert not any(isinstance(a, decide.CreateObject) for a in plan.actions)
     assert plan.requeue_after is not None and plan.requeue_after <= 30
 
 
@@ -274,36 +274,32 @@ def test_success_when_every_worker_succeeded_then_ttl_deletes_the_job() -> None:
 
 def test_deleting_a_retained_job_keeps_the_volume_and_delete_policy_removes_it() -> None:
     retained = World.with_nodes(job_body(), 2).view()
-    assert reconcile.finalize(retained, {}) == ()
+    assert decide.finalize(retained, {}) == ()
     deleting = World.with_nodes(
         job_body(checkpoint={"retentionPolicy": "Delete", "storage": {"dynamic": {}}}), 2
     )
-    actions = reconcile.finalize(deleting.view(), {"n1": [(constants.TAINT_EXCLUDED, "train", "NoSchedule")]})
-    assert reconcile.DeleteObject("v1", "PersistentVolumeClaim", "train-checkpoints", "ml") in actions
-    assert reconcile.TaintNode("n1", constants.TAINT_EXCLUDED, "train", "NoSchedule", remove=True) in actions
+    actions = decide.finalize(deleting.view(), {"n1": [(constants.TAINT_EXCLUDED, "train", "NoSchedule")]})
+    assert decide.DeleteObject("v1", "PersistentVolumeClaim", "train-checkpoints", "ml") in actions
+    assert decide.TaintNode("n1", constants.TAINT_EXCLUDED, "train", "NoSchedule", remove=True) in actions
 
 
 def test_invalid_spec_sets_a_naming_condition_once() -> None:
-    status, changed, emitted = reconcile.reconcile_invalid({}, 3, "spec.nodes: must be >= 1", T0)
+    status, changed, emitted = decide.reconcile_invalid({}, 3, "spec.nodes: must be >= 1", T0)
     assert changed and emitted[0].reason == events.INVALID_SPEC and emitted[0].type == events.WARNING
     ready = status["conditions"][0]
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
     assert ready["message"] == "spec.nodes: must be >= 1"
-    again = reconcile.reconcile_invalid(status, 3, "spec.nodes: must be >= 1", T0)
+    again = decide.reconcile_invalid(status, 3, "spec.nodes: must be >= 1", T0)
     assert again[1] is False and again[2] == ()
 
 
 def test_condition_transition_time_moves_only_on_flips() -> None:
     conditions: list[dict[str, object]] = []
-    reconcile.set_condition(conditions, "Ready", status=False, reason="A", message="a", now=T0, generation=1)
+    decide.set_condition(conditions, "Ready", status=False, reason="A", message="a", now=T0, generation=1)
     later = T0.replace(hour=13)
-    reconcile.set_condition(
-        conditions, "Ready", status=False, reason="B", message="b", now=later, generation=2
-    )
+    decide.set_condition(conditions, "Ready", status=False, reason="B", message="b", now=later, generation=2)
     assert conditions[0]["lastTransitionTime"] == format_time(T0) and conditions[0]["reason"] == "B"
-    reconcile.set_condition(
-        conditions, "Ready", status=True, reason="C", message="c", now=later, generation=2
-    )
+    decide.set_condition(conditions, "Ready", status=True, reason="C", message="c", now=later, generation=2)
     assert conditions[0]["lastTransitionTime"] == format_time(later)
 
 
@@ -320,5 +316,5 @@ def test_new_node_for_not_ready_is_avoided_for_new_pods() -> None:
     world = World.with_nodes(job_body(nodes=1), 2)
     world.nodes["node-0"] = node_body("node-0", ready="False")
     plan = world.reconcile()
-    pod = next(a for a in plan.actions if isinstance(a, reconcile.CreateObject) and a.kind == "Pod")
+    pod = next(a for a in plan.actions if isinstance(a, decide.CreateObject) and a.kind == "Pod")
     assert "node-0" in str(pod.manifest["spec"]["affinity"])
