@@ -58,7 +58,7 @@ def start_server(port: int) -> bool:
         return True
 
 
-def observe_pass(
+def observe_pass(  # noqa: PLR0913 - keyword-only, each a named field; callers pass them by name
     namespace: str,
     job: str,
     *,

@@ -317,7 +317,7 @@ def _pod(job: ResilientTrainingJob, uid: str, role: str, index: int, placement: 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def render_worker_pod(
+def render_worker_pod(  # noqa: PLR0913 - keyword-only, each a named field; callers pass them by name
     job: ResilientTrainingJob,
     index: int,
     *,

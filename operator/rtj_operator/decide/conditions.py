@@ -16,7 +16,7 @@ from rtj_operator.api import JobState
 from rtj_operator.progress import format_time
 
 
-def set_condition(
+def set_condition(  # noqa: PLR0913 - keyword-only, each a named field; callers pass them by name
     conditions: list[dict[str, Any]],
     type_: str,
     *,
