@@ -40,7 +40,7 @@ from rtj_operator.decide.actions import (
     Plan,
     TaintNode,
 )
-from rtj_operator.decide.conditions import set_condition, state_from_conditions
+from rtj_operator.decide.conditions import set_condition
 from rtj_operator.decide.lifecycle import finalize, reconcile_invalid
 from rtj_operator.decide.reconciler import reconcile
 
@@ -57,5 +57,4 @@ __all__ = [
     "reconcile",
     "reconcile_invalid",
     "set_condition",
-    "state_from_conditions",
 ]

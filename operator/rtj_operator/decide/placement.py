@@ -41,14 +41,15 @@ def run_worker(run: PassState, index: int) -> None:
     entry = run.entry(WORKER, index)
     pod = run.pod(WORKER, index)
     if entry.state == EntryState.REPLACING:
-        _replace_worker(run, entry, pod)
+        _drive_replacing(run, entry, pod)
     elif entry.state == EntryState.CREATING:
-        _create_worker(run, entry, pod)
+        _drive_creating(run, entry, pod)
     else:
         sync_entry_from_pod(entry, pod)
 
 
-def _replace_worker(run: PassState, entry: Entry, pod: PodState | None) -> None:
+def _drive_replacing(run: PassState, entry: Entry, pod: PodState | None) -> None:
+    """A counted fault: remove the old pod, then (after the backoff) create the replacement."""
     until = backoff_until(run)
     if pod is not None:
         # The old pod is kept (even stranded on a dead node) until the backoff has passed: its
@@ -76,7 +77,8 @@ def _replace_worker(run: PassState, entry: Entry, pod: PodState | None) -> None:
     create_worker(run, entry.index, spare_node, replacement)
 
 
-def _create_worker(run: PassState, entry: Entry, pod: PodState | None) -> None:
+def _drive_creating(run: PassState, entry: Entry, pod: PodState | None) -> None:
+    """A wanted pod: create it, or replace one that cannot start where it was put."""
     if pod is None:
         pinned = entry.node_name
         if pinned and (pinned not in run.observed.nodes or pinned in run.excluded_names()):
