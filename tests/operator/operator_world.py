@@ -235,3 +235,22 @@ class World:
         pod = self.pod(role, index)
         assert pod is not None
         change(pod)
+
+
+# -- helpers of the decision tests --
+
+WORKER, SPARE = constants.ROLE_WORKER, constants.ROLE_SPARE
+
+
+def running_world(nodes: int = 2, node_count: int = 4, **spec: object) -> World:
+    world = World.with_nodes(job_body(nodes=nodes, **spec), node_count)
+    world.settle()
+    assert world.status()["state"] == "Running"
+    world.events.clear()
+    return world
+
+
+def node_of(world: World, role: str, index: int) -> str:
+    pod = world.pod(role, index)
+    assert pod is not None
+    return str(pod["spec"]["nodeName"])
