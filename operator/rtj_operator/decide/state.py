@@ -132,6 +132,10 @@ def _dicts(value: object) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
+def _dict_or_none(value: object) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
 @dataclass
 class PassState:
     """One pass over one job: the inputs, the status being rewritten, and the decisions so far."""
@@ -147,8 +151,8 @@ class PassState:
     entries: dict[EntryKey, Entry]
     start_time: str | None
     completion_time: str | None
-    progress: Any
-    last_checkpoint: Any
+    progress: dict[str, Any] | None  # folded from the pods' reports (progress.fold_progress)
+    last_checkpoint: dict[str, Any] | None
     # The job's pods by (role, index); pods with an index beyond spec (`stray`) are only removed.
     pods: dict[EntryKey, PodState]
     stray: list[PodState]
@@ -204,8 +208,8 @@ class PassState:
             entries=entries,
             start_time=old.get("startTime"),
             completion_time=old.get("completionTime"),
-            progress=old.get("progress"),
-            last_checkpoint=old.get("lastCheckpoint"),
+            progress=_dict_or_none(old.get("progress")),
+            last_checkpoint=_dict_or_none(old.get("lastCheckpoint")),
             pods=pods,
             stray=stray,
         )
