@@ -36,7 +36,7 @@ import psutil
 from rtj_localcluster.binaries import program
 from rtj_localcluster.cluster import LocalCluster, LocalClusterSettings
 from rtj_operator import constants
-from rtj_operator.kube import Kube
+from rtj_operator.runtime.kube import Kube
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "default"

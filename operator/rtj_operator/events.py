@@ -1,8 +1,9 @@
 """Event reasons and condition vocabulary of the operator, defined once.
 
-`reconcile` decides which Events to emit and which conditions to set; `handlers` posts them; the
+`decide` chooses which Events to emit and which conditions to set; `runtime.passes` posts them; the
 docs (docs/operations.md) and the tests refer to these names. Reasons are unique, specific CamelCase
-words, following the Kubernetes API conventions.
+words, following the Kubernetes API conventions. The job and entry states (status.state,
+status.workers.pods[].state) are `api.JobState` and `api.EntryState`, shared with the schema.
 """
 
 from __future__ import annotations
@@ -49,19 +50,3 @@ REASON_NO_FAULT: Final = "NoFault"
 REASON_NOT_SUSPENDED: Final = "NotSuspended"
 REASON_RUNNING: Final = "Running"
 REASON_FINISHED: Final = "Finished"
-
-# status.state values, derived from the conditions.
-STATE_PENDING: Final = "Pending"
-STATE_RUNNING: Final = "Running"
-STATE_RECOVERING: Final = "Recovering"
-STATE_SUSPENDED: Final = "Suspended"
-STATE_SUCCEEDED: Final = "Succeeded"
-STATE_FAILED: Final = "Failed"
-STATES: Final = (
-    STATE_PENDING,
-    STATE_RUNNING,
-    STATE_RECOVERING,
-    STATE_SUSPENDED,
-    STATE_SUCCEEDED,
-    STATE_FAILED,
-)

@@ -2,7 +2,8 @@
 
 `main(argv)` parses the command line and runs kopf until interrupted. `EmbeddedOperator` runs the same
 operator in a background thread with a stop flag, for the tests and the benchmark (and for anyone
-embedding the operator in a larger program). The handlers themselves live in `handlers`.
+embedding the operator in a larger program). The kopf wiring, the work queue and the passes live in
+`rtj_operator.runtime`.
 
 One replica: peering is off (standalone). Two operators serving the same jobs would not corrupt
 them (status writes are optimistic and creates idempotent) but would double the API traffic.
@@ -19,7 +20,8 @@ from typing import Any
 
 import kopf
 
-from rtj_operator import handlers, kube
+from rtj_operator.runtime import handlers, kube, passes
+from rtj_operator.runtime.context import OperatorContext
 
 logger = logging.getLogger(__name__)
 
@@ -52,20 +54,14 @@ def make_registry() -> kopf.OperatorRegistry:
 
 
 async def run_operator(
+    ctx: OperatorContext,
     *,
-    kubeconfig: str | None,
     namespaces: Sequence[str] = (),
     liveness: str | None = None,
-    metrics_port: int | None = None,
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
-    context: handlers.OperatorContext | None = None,
 ) -> None:
-    """Run one operator until `stop_flag` is set (or forever)."""
-    client = kube.Kube.from_kubeconfig(kubeconfig)
-    ctx = context or handlers.OperatorContext(kube=client)
-    ctx.kube = client
-    ctx.metrics_port = metrics_port
+    """Run one operator with `ctx` (see `passes.new_context`) until `stop_flag` is set (or forever)."""
     try:
         await kopf.operator(
             registry=make_registry(),
@@ -78,12 +74,8 @@ async def run_operator(
             ready_flag=ready_flag,
         )
     finally:
-        for runner in ctx.runners.values():
-            if runner.wakeup is not None:
-                runner.wakeup.cancel()
-            if runner.task is not None and not runner.task.done():
-                runner.task.cancel()
-        client.close()
+        ctx.queue.stop()
+        ctx.kube.close()
 
 
 class EmbeddedOperator:
@@ -91,7 +83,7 @@ class EmbeddedOperator:
 
     def __init__(self, kubeconfig: str, *, namespaces: Sequence[str] = (), metrics_port: int | None = None):
         self.kubeconfig, self.namespaces, self.metrics_port = kubeconfig, tuple(namespaces), metrics_port
-        self.context: handlers.OperatorContext | None = None
+        self.context: OperatorContext | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -106,17 +98,12 @@ class EmbeddedOperator:
         return self
 
     def _main(self) -> None:
-        client = kube.Kube.from_kubeconfig(self.kubeconfig)
-        self.context = handlers.OperatorContext(kube=client)
         try:
+            client = kube.Kube.from_kubeconfig(self.kubeconfig)
+            self.context = passes.new_context(client, metrics_port=self.metrics_port)
             asyncio.run(
                 run_operator(
-                    kubeconfig=self.kubeconfig,
-                    namespaces=self.namespaces,
-                    metrics_port=self.metrics_port,
-                    stop_flag=self._stop,
-                    ready_flag=self._ready,
-                    context=self.context,
+                    self.context, namespaces=self.namespaces, stop_flag=self._stop, ready_flag=self._ready
                 )
             )
         except BaseException as error:  # surfaced to the test through start()/stop()
@@ -150,14 +137,8 @@ def main(argv: list[str]) -> int:
         # timer tick. The operator's own decisions are Events; keep kopf's per-object warnings only.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
-        asyncio.run(
-            run_operator(
-                kubeconfig=args.kubeconfig,
-                namespaces=args.namespace,
-                liveness=args.liveness,
-                metrics_port=args.metrics_port,
-            )
-        )
+        ctx = passes.new_context(kube.Kube.from_kubeconfig(args.kubeconfig), metrics_port=args.metrics_port)
+        asyncio.run(run_operator(ctx, namespaces=args.namespace, liveness=args.liveness))
     except KeyboardInterrupt:
         return 0
     return 0

@@ -1,6 +1,6 @@
 """Prometheus metrics of the operator (prometheus-client), exported on `--metrics-port`.
 
-`handlers` updates them after each reconcile pass from the plan's counters and the job's state; the
+`runtime.passes` updates them after each reconcile pass from the plan's counters and the job's state; the
 HTTP exporter is started from kopf's on.startup handler. Names follow the project's habits: `rtj_`
 prefix, base units, `_total` on counters, and no unbounded labels: the only per-job series
 (`rtj_job_goodput_ratio`) is removed when its job is deleted.
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import prometheus_client
 
-from rtj_operator import events
+from rtj_operator.api import JobState
 
 RECONCILE_TOTAL = prometheus_client.Counter("rtj_reconcile_total", "Reconcile passes, by result.", ["result"])
 RECONCILE_DURATION = prometheus_client.Histogram(
@@ -58,7 +58,7 @@ def start_server(port: int) -> bool:
         return True
 
 
-def observe_pass(
+def observe_pass(  # noqa: PLR0913 - keyword-only, each a named field; callers pass them by name
     namespace: str,
     job: str,
     *,
@@ -98,7 +98,7 @@ def forget_job(namespace: str, job: str) -> None:
 
 
 def _refresh_states() -> None:
-    counts = dict.fromkeys(events.STATES, 0)
+    counts = dict.fromkeys((state.value for state in JobState), 0)
     for state in _states.values():
         counts[state] = counts.get(state, 0) + 1
     for state, count in counts.items():

@@ -1,7 +1,7 @@
-"""Turn Kubernetes API objects (plain dicts) into the observations `reconcile` decides on.
+"""Turn Kubernetes API objects (plain dicts) into the observations the decisions are made on.
 
-`handlers` gathers a job's body, its pods and the nodes (from kopf's indexes or fresh reads) and calls
-`observe_job`, `observe_pod`, `observe_node` here; `reconcile` only ever sees these frozen
+`runtime.passes` gathers a job's body, its pods and the nodes (from kopf's indexes or fresh reads) and
+calls `observe_job` and `observe` here; the decisions (`rtj_operator.decide`) only ever see these frozen
 dataclasses, never API objects. Also decides what is wrong with a worker's node (`node_problem`):
 NotReady/Unknown beyond the grace period, a NoExecute taint the pod does not tolerate, or deleted.
 
@@ -10,12 +10,12 @@ Pure: no I/O, time passed in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
-from rtj_operator import api, constants, render
+from rtj_operator import api, constants, names
 from rtj_operator.progress import ProgressReport, RestartOffset, parse_report, parse_time
 
 # The taints the node lifecycle controller puts on NotReady / Unknown nodes: they mirror the Ready
@@ -246,40 +246,39 @@ def node_problem(
     for taint in node.taints:
         if taint.effect != "NoExecute":
             continue
-        if taint.key in NODE_HEALTH_TAINTS:
-            since = taint.time_added or node.ready_since or now
-            if now - since >= grace:
-                reason = "NodeUnreachable" if taint.key == TAINT_UNREACHABLE else "NodeNotReady"
-                return NodeProblem(reason, f"node {node_name} has the taint {taint.key}:NoExecute"), None
-            recheck = min(recheck, since + grace) if recheck else since + grace
-            continue
-        tolerating = [t for t in tolerations if t.matches(taint)]
-        if not tolerating:
-            return NodeProblem("NodeTainted", f"node {node_name} has the taint {taint.key}:NoExecute"), None
-        bounded = [t.seconds for t in tolerating if t.seconds is not None]
-        if bounded and len(bounded) == len(tolerating):
-            until = (taint.time_added or now) + timedelta(seconds=max(bounded))
-            if now >= until:
-                return NodeProblem(
-                    "NodeTainted", f"node {node_name} has had the taint {taint.key}:NoExecute too long"
-                ), None
-            recheck = min(recheck, until) if recheck else until
+        problem, when = _taint_problem(node, taint, tolerations, now, grace)
+        if problem is not None:
+            return problem, None
+        if when is not None:
+            recheck = min(recheck, when) if recheck else when
     return None, recheck
 
 
+def _taint_problem(
+    node: NodeState, taint: Taint, tolerations: tuple[Toleration, ...], now: datetime, grace: timedelta
+) -> tuple[NodeProblem | None, datetime | None]:
+    """What a NoExecute taint means for a pod: a problem now, or when to look again (as node_problem)."""
+    if taint.key in NODE_HEALTH_TAINTS:
+        since = taint.time_added or node.ready_since or now
+        if now - since >= grace:
+            reason = "NodeUnreachable" if taint.key == TAINT_UNREACHABLE else "NodeNotReady"
+            return NodeProblem(reason, f"node {node.name} has the taint {taint.key}:NoExecute"), None
+        return None, since + grace
+    tolerating = [t for t in tolerations if t.matches(taint)]
+    if not tolerating:
+        return NodeProblem("NodeTainted", f"node {node.name} has the taint {taint.key}:NoExecute"), None
+    bounded = [t.seconds for t in tolerating if t.seconds is not None]
+    if bounded and len(bounded) == len(tolerating):
+        until = (taint.time_added or now) + timedelta(seconds=max(bounded))
+        if now >= until:
+            return NodeProblem(
+                "NodeTainted", f"node {node.name} has had the taint {taint.key}:NoExecute too long"
+            ), None
+        return None, until
+    return None, None
+
+
 # --- the job ----------------------------------------------------------------------------------------------
-
-
-class Renderer(Protocol):
-    """The children of one job, rendered (pure) from its spec; see `rtj_operator.render`."""
-
-    def base(self, excluded_nodes: Sequence[str]) -> list[dict[str, Any]]:
-        """Service, storage (PVC and PV), ServiceAccount, Role, RoleBinding."""
-        ...
-
-    def worker(self, index: int, excluded_nodes: Sequence[str], node_name: str | None) -> dict[str, Any]: ...
-
-    def spare(self, index: int, excluded_nodes: Sequence[str]) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -293,7 +292,8 @@ class FailurePolicy:
 
 @dataclass(frozen=True)
 class JobView:
-    """What reconcile needs of a valid job: identity, the spec fields it acts on, status, a renderer."""
+    """What the decisions need of a valid job: identity, the spec fields they act on, status, and the
+    parsed job itself (`model`), from which `rtj_operator.render` renders its children."""
 
     name: str
     namespace: str
@@ -306,39 +306,14 @@ class JobView:
     retention_delete: bool
     policy: FailurePolicy
     status: Mapping[str, Any]
-    renderer: Renderer
+    model: api.ResilientTrainingJob
 
-    def worker_name(self, index: int) -> str:
-        return f"{self.name}-worker-{index}"
-
-    def spare_name(self, index: int) -> str:
-        return f"{self.name}-spare-{index}"
-
-
-class _ModelRenderer:
-    """`reconcile.Renderer` over `rtj_operator.render` for one parsed job."""
-
-    def __init__(self, model: api.ResilientTrainingJob, uid: str) -> None:
-        self.model, self.uid = model, uid
-
-    def base(self, excluded_nodes: Sequence[str]) -> list[dict[str, Any]]:
-        return [
-            *render.render_rbac(self.model, uid=self.uid),
-            *render.render_storage(self.model, uid=self.uid),
-            render.render_service(self.model, uid=self.uid),
-        ]
-
-    def worker(self, index: int, excluded_nodes: Sequence[str], node_name: str | None) -> dict[str, Any]:
-        return render.render_worker_pod(
-            self.model, index, uid=self.uid, excluded_nodes=excluded_nodes, node_name=node_name
-        )
-
-    def spare(self, index: int, excluded_nodes: Sequence[str]) -> dict[str, Any]:
-        return render.render_spare_pod(self.model, index, uid=self.uid, excluded_nodes=excluded_nodes)
+    def pod_name(self, role: str, index: int) -> str:
+        return names.pod_name(self.name, role, index)
 
 
 def observe_job(body: Mapping[str, Any]) -> JobView:
-    """The job as reconcile sees it; raises `JobValidationError` naming the fields that are invalid.
+    """The job as the decisions see it; raises `JobValidationError` naming the fields that are invalid.
 
     The status is left out of validation: it is the operator's own record and an odd value in it
     must not make the job unmanageable.
@@ -368,5 +343,5 @@ def observe_job(body: Mapping[str, Any]) -> JobView:
             taint_excluded_nodes=bool(policy.taint_excluded_nodes),
         ),
         status=dict(_mapping(body.get("status"))),
-        renderer=_ModelRenderer(model, uid),
+        model=model,
     )

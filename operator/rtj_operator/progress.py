@@ -2,7 +2,7 @@
 
 The trainer's local rank 0 on each worker pod writes the JSON annotation `resilient.training/progress`
 on its own pod (the progress contract in docs/architecture.md). `observe` parses each pod's annotation
-with `parse_report`; `reconcile` calls `fold_progress` to turn the reports of the current pods into
+with `parse_report`; `decide.reconcile` calls `fold_progress` to turn the reports of the current pods into
 `status.progress`, `status.lastCheckpoint` and the in-process / in-job restart counters.
 
 Everything here is pure: same inputs, same outputs; time is passed in.

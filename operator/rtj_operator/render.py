@@ -2,18 +2,20 @@
 
 No I/O and no clock: the same job, uid and excluded nodes always give the same objects (and the same
 YAML bytes), so the operator can re-render at any time and compare. :func:`render` returns every child
-(docs/architecture.md, "What the renderer produces"); the operator also calls
-:func:`render_worker_pod` and :func:`render_spare_pod` to replace single pods, and uses the name
-helpers to find children. Sizing comes from :mod:`rtj_operator.profiles`; label, annotation and
-environment names from :mod:`rtj_operator.constants`.
+(docs/architecture.md, "What the renderer produces"); the operator's decisions
+(:mod:`rtj_operator.decide`) call :func:`render_base`, :func:`render_worker_pod` (a replacement
+included, with its annotations) and :func:`render_spare_pod` and send what they return as it is.
+Names come from :mod:`rtj_operator.names`, sizing from :mod:`rtj_operator.profiles`, label,
+annotation and environment names from :mod:`rtj_operator.constants`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from rtj_operator import constants
+from rtj_operator import constants, names
 from rtj_operator.api import (
     CHECKPOINT_VOLUME,
     SHM_MOUNT_PATH,
@@ -30,26 +32,17 @@ from rtj_operator.profiles import (
 )
 
 __all__ = [
-    "CONTAINER_NAME",
+    "Replacement",
     "checkpoint_claim_name",
-    "checkpoint_dir",
-    "pv_name",
-    "pvc_name",
     "render",
+    "render_base",
     "render_rbac",
     "render_service",
     "render_spare_pod",
     "render_storage",
     "render_worker_pod",
-    "rendezvous_host",
-    "selector_labels",
-    "service_name",
-    "spare_pod_name",
-    "trainer_name",
-    "worker_pod_name",
 ]
 
-CONTAINER_NAME = "trainer"
 LAUNCH_COMMAND = "rtj-launch"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # Taints the node lifecycle controller puts on a lost node; DefaultTolerationSeconds would otherwise
@@ -61,62 +54,13 @@ NCCL_ENV = (("NCCL_SOCKET_IFNAME", "^docker,lo,veth"), ("TORCH_NCCL_ASYNC_ERROR_
 PROGRESS_SINK_DEFAULT = "pod-annotation"
 
 
-# --- names ------------------------------------------------------------------------------------------------
-
-
-def _job_name(job: ResilientTrainingJob | str) -> str:
-    return job if isinstance(job, str) else job.name
-
-
-def service_name(job: ResilientTrainingJob | str) -> str:
-    """The headless Service `J` that gives workers their DNS names."""
-    return _job_name(job)
-
-
-def worker_pod_name(job: ResilientTrainingJob | str, index: int) -> str:
-    """`J-worker-<i>`: also the pod's hostname, so replacements keep their DNS name."""
-    return f"{_job_name(job)}-worker-{index}"
-
-
-def spare_pod_name(job: ResilientTrainingJob | str, index: int) -> str:
-    """`J-spare-<k>`."""
-    return f"{_job_name(job)}-spare-{index}"
-
-
-def pvc_name(job: ResilientTrainingJob | str) -> str:
-    """`J-checkpoints`: the claim the job renders (unless it names an existing claim)."""
-    return f"{_job_name(job)}-checkpoints"
-
-
-def pv_name(job: ResilientTrainingJob) -> str:
-    """`J-checkpoints-<ns>`: the static PersistentVolume (cluster-scoped, hence the namespace)."""
-    return f"{job.name}-checkpoints-{job.namespace}"
+# --- names (derived in `rtj_operator.names`) ---------------------------------------------------------------
 
 
 def checkpoint_claim_name(job: ResilientTrainingJob) -> str:
     """The claim the pods mount: the existing claim if one is named, else the rendered one."""
     existing = job.spec.checkpoint.storage.existing_claim
-    return existing.claim_name if existing is not None else pvc_name(job)
-
-
-def trainer_name(job: ResilientTrainingJob | str) -> str:
-    """`J-trainer`: the ServiceAccount, Role and RoleBinding of the job's pods."""
-    return f"{_job_name(job)}-trainer"
-
-
-def rendezvous_host(job: ResilientTrainingJob) -> str:
-    """Worker 0's stable DNS name, where the c10d store listens."""
-    return f"{worker_pod_name(job, 0)}.{service_name(job)}.{job.namespace}.svc"
-
-
-def checkpoint_dir(job: ResilientTrainingJob) -> str:
-    """`<mountPath>/J`: jobs sharing a volume keep apart."""
-    return f"{job.spec.checkpoint.mount_path.rstrip('/')}/{job.name}"
-
-
-def selector_labels(job: ResilientTrainingJob | str) -> dict[str, str]:
-    """The labels that select every child of the job."""
-    return {constants.LABEL_JOB: _job_name(job)}
+    return existing.claim_name if existing is not None else names.pvc_name(job.name)
 
 
 # --- shared pieces ----------------------------------------------------------------------------------------
@@ -188,9 +132,9 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int | None) -
         # Spares stay outside the rendezvous, so the most nodes in it is spec.nodes.
         (c.ENV_NNODES_MAX, str(spec.nodes)),
         (c.ENV_NPROC_PER_NODE, str(processes_per_node(spec))),
-        (c.ENV_RDZV_HOST, rendezvous_host(job)),
+        (c.ENV_RDZV_HOST, names.rendezvous_host(job.name, job.namespace)),
         (c.ENV_RDZV_PORT, str(spec.rendezvous.port)),
-        (c.ENV_CHECKPOINT_DIR, checkpoint_dir(job)),
+        (c.ENV_CHECKPOINT_DIR, names.checkpoint_dir(job.name, job.spec.checkpoint.mount_path)),
         (c.ENV_CHECKPOINT_INTERVAL_STEPS, str(ckpt.interval_steps)),
         (c.ENV_CHECKPOINT_KEEP, str(ckpt.keep)),
         (c.ENV_CHECKPOINT_MODE, ckpt.mode.value),
@@ -256,7 +200,7 @@ def _affinity(
         "podAntiAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
                 {
-                    "labelSelector": {"matchLabels": selector_labels(job)},
+                    "labelSelector": {"matchLabels": names.selector_labels(job.name)},
                     "topologyKey": HOSTNAME_LABEL,
                 }
             ]
@@ -296,16 +240,28 @@ def _volume_mounts(job: ResilientTrainingJob) -> list[dict[str, Any]]:
     ]
 
 
-def _pod(
-    job: ResilientTrainingJob,
-    *,
-    name: str,
-    role: str,
-    index: int,
-    uid: str,
-    excluded_nodes: Iterable[str],
-    node_name: str | None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Replacement:
+    """What a worker pod created after a fault carries, so the operator can space replacements.
+
+    `restart_count` is `status.restarts.podReplacement` at the decision (the annotation
+    `resilient.training/restart-count`); `replaced_node`, when known, is the node the pod replaces
+    (`resilient.training/replaces`).
+    """
+
+    restart_count: int
+    replaced_node: str = ""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a pod may go: kept off `excluded_nodes`, pinned to `node_name` if set."""
+
+    excluded_nodes: tuple[str, ...] = ()
+    node_name: str | None = None
+
+
+def _pod_metadata(job: ResilientTrainingJob, name: str, uid: str, role: str, index: int) -> dict[str, Any]:
     spec = job.spec
     metadata = _metadata(job, name, uid)
     labels = {**spec.pod_labels, **metadata["labels"], constants.LABEL_ROLE: role}
@@ -314,8 +270,13 @@ def _pod(
     metadata["labels"] = labels
     if spec.pod_annotations:
         metadata["annotations"] = dict(spec.pod_annotations)
+    return metadata
+
+
+def _container(job: ResilientTrainingJob, uid: str, role: str, index: int) -> dict[str, Any]:
+    spec = job.spec
     container: dict[str, Any] = {
-        "name": CONTAINER_NAME,
+        "name": names.CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy.value,
         "command": [LAUNCH_COMMAND],
@@ -324,54 +285,63 @@ def _pod(
     if spec.working_dir is not None:
         container["workingDir"] = spec.working_dir
     container["env"] = _env(job, uid, role=role, index=index if role == constants.ROLE_WORKER else None)
-    container["ports"] = [{"name": "rendezvous", "containerPort": spec.rendezvous.port, "protocol": "TCP"}]
+    container["ports"] = [
+        {"name": names.RENDEZVOUS_PORT_NAME, "containerPort": spec.rendezvous.port, "protocol": "TCP"}
+    ]
     container["resources"] = _resources(job)
     container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     container["volumeMounts"] = _volume_mounts(job)
+    return container
+
+
+def _pod(job: ResilientTrainingJob, uid: str, role: str, index: int, placement: Placement) -> dict[str, Any]:
+    spec = job.spec
+    name = names.pod_name(job.name, role, index)
     pod_spec: dict[str, Any] = {
         "hostname": name,
-        "subdomain": service_name(job),
+        "subdomain": names.service_name(job.name),
         "restartPolicy": "Never",
-        "serviceAccountName": trainer_name(job),
+        "serviceAccountName": names.trainer_name(job.name),
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
     }
     if spec.scheduling.node_selector:
         pod_spec["nodeSelector"] = dict(spec.scheduling.node_selector)
-    pod_spec["affinity"] = _affinity(job, excluded_nodes, node_name)
+    pod_spec["affinity"] = _affinity(job, placement.excluded_nodes, placement.node_name)
     pod_spec["tolerations"] = _tolerations(job)
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
-    pod_spec["containers"] = [container]
+    pod_spec["containers"] = [_container(job, uid, role, index)]
     pod_spec["volumes"] = _volumes(job)
+    metadata = _pod_metadata(job, name, uid, role, index)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def render_worker_pod(
+def render_worker_pod(  # noqa: PLR0913 - keyword-only, each a named field; callers pass them by name
     job: ResilientTrainingJob,
     index: int,
     *,
     uid: str | None = None,
     excluded_nodes: Iterable[str] = (),
     node_name: str | None = None,
+    replacement: Replacement | None = None,
 ) -> dict[str, Any]:
     """Worker pod ``index`` (``J-worker-<index>``), kept off ``excluded_nodes``.
 
     ``node_name`` pins the pod onto that node through required node affinity (the scheduler still
     waits for the node's resources, e.g. while a deleted spare terminates there): the operator's
-    fast replacement onto a hot spare's node.
+    fast replacement onto a hot spare's node. ``replacement`` marks a pod created after a fault.
     """
     if not 0 <= index < job.spec.nodes:
         raise ValueError(f"worker index {index} out of range 0..{job.spec.nodes - 1}")
-    return _pod(
-        job,
-        name=worker_pod_name(job, index),
-        role=constants.ROLE_WORKER,
-        index=index,
-        uid=_job_uid(job, uid),
-        excluded_nodes=excluded_nodes,
-        node_name=node_name,
-    )
+    placement = Placement(tuple(excluded_nodes), node_name)
+    pod = _pod(job, _job_uid(job, uid), constants.ROLE_WORKER, index, placement)
+    if replacement is not None:
+        annotations = pod["metadata"].setdefault("annotations", {})
+        annotations[constants.ANNOTATION_RESTART_COUNT] = str(replacement.restart_count)
+        if replacement.replaced_node:
+            annotations[constants.ANNOTATION_REPLACES] = replacement.replaced_node
+    return pod
 
 
 def render_spare_pod(
@@ -385,15 +355,8 @@ def render_spare_pod(
     """Hot spare pod ``index`` (``J-spare-<index>``): sized like a worker, outside the rendezvous."""
     if not 0 <= index < job.spec.hot_spares:
         raise ValueError(f"spare index {index} out of range 0..{job.spec.hot_spares - 1}")
-    return _pod(
-        job,
-        name=spare_pod_name(job, index),
-        role=constants.ROLE_SPARE,
-        index=index,
-        uid=_job_uid(job, uid),
-        excluded_nodes=excluded_nodes,
-        node_name=node_name,
-    )
+    placement = Placement(tuple(excluded_nodes), node_name)
+    return _pod(job, _job_uid(job, uid), constants.ROLE_SPARE, index, placement)
 
 
 # --- the other children -----------------------------------------------------------------------------------
@@ -405,12 +368,14 @@ def render_service(job: ResilientTrainingJob, *, uid: str | None = None) -> dict
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(job, service_name(job), _job_uid(job, uid)),
+        "metadata": _metadata(job, names.service_name(job.name), _job_uid(job, uid)),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {**selector_labels(job), constants.LABEL_ROLE: constants.ROLE_WORKER},
-            "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}],
+            "selector": {**names.selector_labels(job.name), constants.LABEL_ROLE: constants.ROLE_WORKER},
+            "ports": [
+                {"name": names.RENDEZVOUS_PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}
+            ],
         },
     }
 
@@ -431,7 +396,7 @@ def render_storage(job: ResilientTrainingJob, *, uid: str | None = None) -> list
                 "apiVersion": "v1",
                 "kind": "PersistentVolume",
                 # Cluster-scoped: never owned by a namespaced job; Retain keeps the file system's data.
-                "metadata": _metadata(job, pv_name(job), None, namespaced=False),
+                "metadata": _metadata(job, names.pv_name(job.name, job.namespace), None, namespaced=False),
                 "spec": {
                     "capacity": {"storage": fsx.capacity},
                     "volumeMode": "Filesystem",
@@ -439,7 +404,7 @@ def render_storage(job: ResilientTrainingJob, *, uid: str | None = None) -> list
                     "persistentVolumeReclaimPolicy": "Retain",
                     "storageClassName": "",
                     "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                                 "namespace": job.namespace, "name": pvc_name(job)},
+                                 "namespace": job.namespace, "name": names.pvc_name(job.name)},
                     "csi": {
                         "driver": "fsx.csi.aws.com",
                         "volumeHandle": fsx.file_system_id,
@@ -451,7 +416,7 @@ def render_storage(job: ResilientTrainingJob, *, uid: str | None = None) -> list
         claim_spec.update(
             {
                 "storageClassName": "",
-                "volumeName": pv_name(job),
+                "volumeName": names.pv_name(job.name, job.namespace),
                 "resources": {"requests": {"storage": fsx.capacity}},
             }
         )
@@ -464,7 +429,7 @@ def render_storage(job: ResilientTrainingJob, *, uid: str | None = None) -> list
         {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
-            "metadata": _metadata(job, pvc_name(job), owner),
+            "metadata": _metadata(job, names.pvc_name(job.name), owner),
             "spec": claim_spec,
         }
     )
@@ -477,9 +442,9 @@ def render_rbac(job: ResilientTrainingJob, *, uid: str | None = None) -> list[di
     Pod names are stable (replacements reuse them), so the Role lists them by resourceNames.
     """
     owner = _job_uid(job, uid)
-    name = trainer_name(job)
-    pod_names = [worker_pod_name(job, i) for i in range(job.spec.nodes)]
-    pod_names += [spare_pod_name(job, k) for k in range(job.spec.hot_spares)]
+    name = names.trainer_name(job.name)
+    pod_names = [names.worker_pod_name(job.name, i) for i in range(job.spec.nodes)]
+    pod_names += [names.spare_pod_name(job.name, k) for k in range(job.spec.hot_spares)]
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(job, name, owner)},
         {
@@ -505,6 +470,12 @@ def render_rbac(job: ResilientTrainingJob, *, uid: str | None = None) -> list[di
     ]
 
 
+def render_base(job: ResilientTrainingJob, *, uid: str | None = None) -> list[dict[str, Any]]:
+    """The children other than pods, in creation order: RBAC, storage, Service."""
+    owner = _job_uid(job, uid)
+    return [*render_rbac(job, uid=owner), *render_storage(job, uid=owner), render_service(job, uid=owner)]
+
+
 def render(
     job: ResilientTrainingJob, *, uid: str | None = None, excluded_nodes: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
@@ -517,9 +488,7 @@ def render(
     owner = _job_uid(job, uid)
     excluded = tuple(excluded_nodes)
     return [
-        *render_rbac(job, uid=owner),
-        *render_storage(job, uid=owner),
-        render_service(job, uid=owner),
+        *render_base(job, uid=owner),
         *(render_worker_pod(job, i, uid=owner, excluded_nodes=excluded) for i in range(job.spec.nodes)),
         *(render_spare_pod(job, k, uid=owner, excluded_nodes=excluded) for k in range(job.spec.hot_spares)),
     ]

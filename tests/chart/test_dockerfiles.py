@@ -209,7 +209,7 @@ def test_operator_imports_nothing_beyond_what_its_image_installs() -> None:
         _runtime_closure("resilient-training-operator"),
         "rtj_operator.cli",
         "rtj_operator.main",
-        "rtj_operator.handlers",
+        "rtj_operator.runtime.handlers",
     )
     assert not imported & {"torch", "nvidia_resiliency_ext", "rtj_trainer", "rtj_localcluster", "rtj_demo"}
     assert {"kopf", "kubernetes", "pydantic", "prometheus_client"} <= imported

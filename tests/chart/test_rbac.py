@@ -1,6 +1,6 @@
 """The chart grants every API call the operator makes, and nothing broader.
 
-The operator lists its own API calls in `rtj_operator.kube.REQUIRED_PERMISSIONS`; kopf's own
+The operator lists its own API calls in `rtj_operator.runtime.kube.REQUIRED_PERMISSIONS`; kopf's own
 needs (CRD scanning, namespace following, events) are the documented allowlist below. Both RBAC
 modes are checked: cluster-wide (ClusterRoleBinding) and per watched namespace (RoleBindings).
 """
@@ -46,7 +46,7 @@ FORBIDDEN_VERBS = {"escalate", "bind", "impersonate", "*"}
 
 
 def required_permissions() -> set[Permission]:
-    from rtj_operator.kube import REQUIRED_PERMISSIONS
+    from rtj_operator.runtime.kube import REQUIRED_PERMISSIONS
 
     return set(REQUIRED_PERMISSIONS)
 

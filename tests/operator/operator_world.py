@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from rtj_operator import constants, observe, reconcile
+from rtj_operator import constants, decide, observe
 from rtj_operator.progress import RestartOffset, format_time
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -77,8 +77,8 @@ class World:
     others: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     now: datetime = T0
     offsets: dict[str, RestartOffset] = field(default_factory=dict)
-    events: list[reconcile.Event] = field(default_factory=list)
-    actions_applied: list[reconcile.Action] = field(default_factory=list)
+    events: list[decide.Event] = field(default_factory=list)
+    actions_applied: list[decide.Action] = field(default_factory=list)
     job_deleted: bool = False
     uids: Any = field(default_factory=lambda: itertools.count(1))
 
@@ -115,12 +115,12 @@ class World:
             self.pods.values(), self.nodes.values(), ensure_base=ensure_base, offsets=self.offsets
         )
 
-    def plan(self, *, ensure_base: bool = False) -> reconcile.Plan:
-        return reconcile.reconcile(self.view(), self.observed(ensure_base=ensure_base), self.now)
+    def plan(self, *, ensure_base: bool = False) -> decide.Plan:
+        return decide.reconcile(self.view(), self.observed(ensure_base=ensure_base), self.now)
 
     def reconcile(
         self, *, ensure_base: bool = False, stop_after: int | None = None, write_status: bool = True
-    ) -> reconcile.Plan:
+    ) -> decide.Plan:
         """One operator pass: status first, then the actions (all of them, or the first `stop_after`)."""
         plan = self.plan(ensure_base=ensure_base)
         if not write_status:
@@ -135,9 +135,9 @@ class World:
             self.apply(action)
         return plan
 
-    def apply(self, action: reconcile.Action) -> None:
+    def apply(self, action: decide.Action) -> None:
         self.actions_applied.append(action)
-        if isinstance(action, reconcile.CreateObject):
+        if isinstance(action, decide.CreateObject):
             manifest = copy.deepcopy(action.manifest)
             meta = manifest["metadata"]
             if manifest["kind"] == "Pod":
@@ -149,7 +149,7 @@ class World:
                 self.pods[meta["name"]] = manifest
             else:
                 self.others.setdefault((manifest["kind"], meta["name"]), manifest)
-        elif isinstance(action, reconcile.DeletePod):
+        elif isinstance(action, decide.DeletePod):
             pod = self.pods.get(action.name)
             if pod is None or pod["metadata"]["uid"] != action.uid:
                 return
@@ -160,16 +160,16 @@ class World:
             else:
                 pod["metadata"]["deletionTimestamp"] = format_time(self.now)
                 pod["metadata"]["deletionGracePeriodSeconds"] = 30
-        elif isinstance(action, reconcile.DeleteObject):
+        elif isinstance(action, decide.DeleteObject):
             self.others.pop((action.kind, action.name), None)
-        elif isinstance(action, reconcile.TaintNode):
+        elif isinstance(action, decide.TaintNode):
             taints = self.nodes[action.node]["spec"].setdefault("taints", [])
             entry = {"key": action.key, "value": action.value, "effect": action.effect}
             if action.remove:
                 taints[:] = [t for t in taints if t != entry]
             elif entry not in taints:
                 taints.append(entry)
-        elif isinstance(action, reconcile.DeleteJob):
+        elif isinstance(action, decide.DeleteJob):
             self.job_deleted = True
 
     # -- the scheduler and the kubelets --
@@ -235,3 +235,22 @@ class World:
         pod = self.pod(role, index)
         assert pod is not None
         change(pod)
+
+
+# -- helpers of the decision tests --
+
+WORKER, SPARE = constants.ROLE_WORKER, constants.ROLE_SPARE
+
+
+def running_world(nodes: int = 2, node_count: int = 4, **spec: object) -> World:
+    world = World.with_nodes(job_body(nodes=nodes, **spec), node_count)
+    world.settle()
+    assert world.status()["state"] == "Running"
+    world.events.clear()
+    return world
+
+
+def node_of(world: World, role: str, index: int) -> str:
+    pod = world.pod(role, index)
+    assert pod is not None
+    return str(pod["spec"]["nodeName"])

@@ -9,7 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from operator_world import World, job_body, node_body
-from rtj_operator import constants, reconcile
+from rtj_operator import constants, decide
 
 FAULTS = ("taint", "delete-node", "not-ready", "fail-pod", "evict", "delete-pod", "heal", "add-node")
 
@@ -44,7 +44,7 @@ def inject(world: World, fault: str, rng: random.Random) -> None:
             world.node_ready(name)  # also clears taints
 
 
-def check_invariants(world: World, plan: reconcile.Plan, last_count: int) -> int:
+def check_invariants(world: World, plan: decide.Plan, last_count: int) -> int:
     job = world.view()
     workers = [p for p in world.pods.values() if p["metadata"]["labels"][constants.LABEL_ROLE] == "worker"]
     spares = [p for p in world.pods.values() if p["metadata"]["labels"][constants.LABEL_ROLE] == "spare"]
@@ -54,7 +54,7 @@ def check_invariants(world: World, plan: reconcile.Plan, last_count: int) -> int
     assert last_count <= count <= job.policy.max_node_replacements
     excluded = {e["nodeName"] for e in status.get("excludedNodes", [])}
     for action in plan.actions:
-        if isinstance(action, reconcile.CreateObject) and action.kind == "Pod":
+        if isinstance(action, decide.CreateObject) and action.kind == "Pod":
             affinity = str(action.manifest["spec"].get("affinity", {}))
             assert all(node in affinity for node in excluded), (excluded, affinity)
     return int(count)

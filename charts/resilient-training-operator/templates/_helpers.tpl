@@ -67,9 +67,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 Namespaced permissions: what the operator does inside a namespace whose jobs it reconciles.
-Exactly rtj_operator.kube.REQUIRED_PERMISSIONS (tests/chart/test_rbac.py compares them); kopf runs
-with resource scanning off and without peering, so it needs nothing more. docs/security.md
-explains each rule. Secrets are never read.
+Exactly rtj_operator.runtime.kube.REQUIRED_PERMISSIONS (tests/chart/test_rbac.py compares them);
+kopf runs with resource scanning off and without peering, so it needs nothing more.
+docs/security.md explains each rule. Secrets are never read.
 */}}
 {{- define "rtj.namespacedRules" -}}
 # The jobs: kopf watches them and patches its finalizer and annotations; the operator reads one

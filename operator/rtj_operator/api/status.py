@@ -1,7 +1,8 @@
 """The status models of ResilientTrainingJob: what the operator observed, written through /status.
 
-The models ignore unknown fields (other writers, such as kopf, may add theirs); the operator builds the
-status as plain dictionaries with the same JSON names.
+The models ignore unknown fields (other writers, such as kopf, may add theirs). The two state
+vocabularies, `JobState` (status.state) and `EntryState` (status.workers.pods[].state), are defined here
+once and used by the schema and by the operator's decisions (`rtj_operator.decide`) alike.
 """
 
 from __future__ import annotations
@@ -15,12 +16,30 @@ from rtj_operator.api.schema import DateTime, Int64, SchemaExtra, StatusModel
 
 
 class JobState(enum.StrEnum):
+    """status.state: the most significant true condition, for kubectl."""
+
     PENDING = "Pending"
     RUNNING = "Running"
     RECOVERING = "Recovering"
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+
+
+class EntryState(enum.StrEnum):
+    """status.workers.pods[].state: the operator's record of one worker or spare.
+
+    A fault is counted in the same status write that moves an entry to `Replacing`; see
+    `rtj_operator.decide`.
+    """
+
+    CREATING = "Creating"  # a pod is wanted and none has been seen on a node yet
+    PENDING = "Pending"  # the pod was seen on `nodeName`, not running yet
+    RUNNING = "Running"  # the pod was seen running on `nodeName`
+    SUCCEEDED = "Succeeded"  # the pod exited zero
+    FAILED = "Failed"  # the job failed and the pod is gone
+    REPLACING = "Replacing"  # a fault was counted: the old pod goes, a new one is created
+    SUSPENDED = "Suspended"  # the job is suspended: no pod is wanted
 
 
 class ConditionStatus(enum.StrEnum):
@@ -53,7 +72,11 @@ class PodStatus(StatusModel):
     role: str = Field(description="role is worker or spare.")
     pod_name: str = Field(description="podName is the pod's name.")
     node_name: str | None = Field(default=None, description="nodeName is the node the pod is bound to.")
-    state: str | None = Field(default=None, description="state is the pod's phase or a short summary of it.")
+    state: EntryState | None = Field(
+        default=None,
+        description="state is Creating, Pending, Running, Succeeded, Failed, Replacing or Suspended: the "
+        "operator's record of the pod.",
+    )
 
 
 class WorkersStatus(StatusModel):

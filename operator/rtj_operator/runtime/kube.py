@@ -1,11 +1,11 @@
 """Every Kubernetes API call the operator's own code makes, and the permissions they need.
 
-`handlers` calls this module to read a job and its pods fresh, to write status and to apply
-`reconcile`'s actions; kopf makes the watch calls (and its finalizer/annotation patches) itself. The
-Helm chart's ClusterRole must grant exactly `REQUIRED_PERMISSIONS` (a chart test compares them), so
-any new call added here must add its (group, resource, verb) there too.
+`runtime.passes` calls this module to read a job and its pods fresh, to write status and to apply
+the decisions' actions (`rtj_operator.decide`); kopf makes the watch calls (and its finalizer and
+annotation patches) itself. The Helm chart's ClusterRole must grant exactly `REQUIRED_PERMISSIONS`
+(a chart test compares them), so any new call added here must add its (group, resource, verb) there.
 
-Synchronous on purpose: the official client is synchronous; `handlers` runs these calls in worker
+Synchronous on purpose: the official client is synchronous; `runtime` runs these calls in worker
 threads. Creates treat 409 AlreadyExists as success and deletes treat 404 NotFound as success, which
 makes every action safe to repeat.
 """
@@ -21,7 +21,7 @@ from typing import Any, Final
 import kubernetes
 
 from rtj_operator import constants
-from rtj_operator.reconcile import Action, CreateObject, DeleteJob, DeleteObject, DeletePod, TaintNode
+from rtj_operator.decide import Action, CreateObject, DeleteJob, DeleteObject, DeletePod, TaintNode
 
 logger = logging.getLogger(__name__)
 

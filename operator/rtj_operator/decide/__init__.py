@@ -1,0 +1,60 @@
+"""The operator's decisions: `reconcile(job, observed, now) -> Plan`, pure, one module per policy.
+
+`rtj_operator.runtime.passes` builds a `JobView` and an `Observed` (see `rtj_operator.observe`),
+calls `reconcile`, writes `Plan.status` first and applies `Plan.actions` after. Nothing here does I/O.
+
+Writing status before acting is what makes the counters exact across operator crashes. Each worker
+and spare has an entry in `status.workers.pods` whose `state` (`api.EntryState`) is the operator's
+record of it:
+
+- `Creating`: a pod is wanted and none of the job's has been seen on a node yet; `nodeName`, if set,
+  is the node the pod is pinned to (a hot spare's node).
+- `Pending` / `Running` / `Succeeded` / `Failed`: the pod was seen in that phase on `nodeName`.
+- `Replacing`: a fault was counted; the old pod is to be removed and a new one created.
+- `Suspended`: the job is suspended; no pod is wanted.
+
+A fault is counted only when an entry in `Pending`/`Running` on a node meets a lost, failed or
+disrupted pod, and the same status write moves the entry to `Replacing`. A crash after that write
+but before the deletes/creates resumes from `Replacing` without counting again; a crash before it
+recounts nothing because nothing was written. Pod names are deterministic and creates treat
+AlreadyExists as success, so a retried plan never duplicates a pod.
+
+The modules, in reading order:
+
+- `reconciler`: `reconcile()`, the pass as an ordered script of the policies below.
+- `actions`: what a decision asks for (`CreateObject`, `DeletePod`, ...), `Event`, `Plan`.
+- `state`: the typed pass state (`PassState`) and the status records it rewrites.
+- `failures`: lost workers, fault counting and budgets, node faults and exclusion.
+- `placement`: workers and spares toward running pods; hot spares used for replacements.
+- `lifecycle`: running, suspended, resumed, finished, TTL, invalid specs, deletion.
+- `conditions`: conditions and the state derived from them.
+"""
+
+from rtj_operator.decide.actions import (
+    Action,
+    CreateObject,
+    DeleteJob,
+    DeleteObject,
+    DeletePod,
+    Event,
+    Plan,
+    TaintNode,
+)
+from rtj_operator.decide.conditions import set_condition
+from rtj_operator.decide.lifecycle import finalize, reconcile_invalid
+from rtj_operator.decide.reconciler import reconcile
+
+__all__ = [
+    "Action",
+    "CreateObject",
+    "DeleteJob",
+    "DeleteObject",
+    "DeletePod",
+    "Event",
+    "Plan",
+    "TaintNode",
+    "finalize",
+    "reconcile",
+    "reconcile_invalid",
+    "set_condition",
+]

@@ -1,0 +1,206 @@
+"""Lifecycle: a job running, suspended, resumed, finished (Succeeded or Failed), expired, deleted.
+
+- `resume`: `spec.suspend` false again (or never set): the Suspended condition is cleared and the
+  suspended entries are created again.
+- `remove_surplus`: pods and entries beyond `spec.nodes` / `spec.hotSpares` go.
+- `update_running_conditions`: Ready and Recovering from the workers' counts; Succeeded once every
+  worker succeeded (the spares then go).
+- `suspend`: every pod goes, the storage stays, entries read `Suspended`.
+- `keep_finished`: a finished job keeps its succeeded pods (a failed one keeps none) and is deleted
+  `ttlSecondsAfterFinished` after it finished.
+- `reconcile_invalid`: a job whose spec does not validate only gets a condition and a Warning.
+- `finalize`: what deleting a job does beyond garbage collection (storage under `Delete`, taints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from rtj_operator import constants, events, render
+from rtj_operator.api import EntryState
+from rtj_operator.decide import conditions as cond
+from rtj_operator.decide.actions import Action, CreateObject, DeleteJob, DeleteObject, Event, TaintNode
+from rtj_operator.decide.state import SPARE, WORKER, PassState
+from rtj_operator.observe import JobView
+from rtj_operator.progress import format_time, parse_time
+
+
+def finished(run: PassState) -> bool:
+    return cond.finished(run.conditions)
+
+
+def resume(run: PassState) -> None:
+    """The job is not suspended: clear a Suspended condition and want the suspended pods again."""
+    if cond.condition_true(run.conditions, events.COND_SUSPENDED):
+        run.condition(events.COND_SUSPENDED, False, events.RESUMED, "spec.suspend is false")
+        run.event(events.NORMAL, events.RESUMED, "job resumed: recreating workers")
+        for entry in run.entries.values():
+            if entry.state == EntryState.SUSPENDED:
+                entry.reset()
+    elif not cond.condition_set(run.conditions, events.COND_SUSPENDED):
+        run.condition(events.COND_SUSPENDED, False, events.REASON_NOT_SUSPENDED, "spec.suspend is false")
+
+
+def remove_surplus(run: PassState) -> None:
+    """Pods and entries with an index beyond the spec (it shrank, or someone made them) go."""
+    for pod in run.stray:
+        run.delete_pod(pod, force=run.problem(pod) is not None)
+    limits = {WORKER: run.job.nodes, SPARE: run.job.hot_spares}
+    for key in [k for k in run.entries if k[1] >= limits.get(k[0], run.job.hot_spares)]:
+        del run.entries[key]
+
+
+def mark_started(run: PassState, first_start: bool) -> None:
+    """The first pass that created pods sets startTime and says so."""
+    if run.created_pods and first_start:
+        run.start_time = format_time(run.now)
+        run.event(
+            events.NORMAL,
+            events.CHILDREN_CREATED,
+            f"created {run.job.nodes} workers, {run.job.hot_spares} spares",
+        )
+
+
+def ensure_base(run: PassState) -> None:
+    """The Service, storage and RBAC, asserted before the pods that need them (creates are idempotent)."""
+    if (run.created_pods or run.observed.ensure_base) and not finished(run):
+        run.actions[:0] = [CreateObject(m) for m in render.render_base(run.job.model, uid=run.job.uid)]
+
+
+def update_running_conditions(run: PassState) -> None:
+    nodes = run.job.nodes
+    ready, succeeded, _ = run.worker_counts()
+    if succeeded == nodes:
+        _succeed(run)
+        return
+    if ready + succeeded == nodes and ready > 0:
+        run.condition(
+            events.COND_READY, True, events.REASON_ALL_WORKERS_READY, f"{ready}/{nodes} workers ready"
+        )
+        if cond.condition_true(run.conditions, events.COND_RECOVERING):
+            run.event(events.NORMAL, events.JOB_RECOVERED, f"all {nodes} workers are ready again")
+            run.condition(events.COND_RECOVERING, False, events.JOB_RECOVERED, "all workers are ready again")
+            return
+    else:
+        run.condition(
+            events.COND_READY, False, events.REASON_WORKERS_NOT_READY, f"{ready}/{nodes} workers ready"
+        )
+    if not cond.condition_set(run.conditions, events.COND_RECOVERING):
+        run.condition(events.COND_RECOVERING, False, events.REASON_NO_FAULT, "no fault is being recovered")
+
+
+def _succeed(run: PassState) -> None:
+    nodes = run.job.nodes
+    run.condition(events.COND_SUCCEEDED, True, events.JOB_SUCCEEDED, f"all {nodes} workers succeeded")
+    run.condition(events.COND_READY, False, events.REASON_FINISHED, "the job succeeded")
+    run.condition(events.COND_RECOVERING, False, events.REASON_FINISHED, "the job succeeded")
+    run.event(events.NORMAL, events.JOB_SUCCEEDED, f"all {nodes} workers succeeded")
+    run.completion_time = run.completion_time or format_time(run.now)
+    run.remove_all_pods(roles=(SPARE,))
+
+
+def suspend(run: PassState) -> None:
+    if run.condition(events.COND_SUSPENDED, True, events.SUSPENDED, "spec.suspend is true"):
+        run.event(events.NORMAL, events.SUSPENDED, "job suspended: workers and spares deleted, storage kept")
+    run.condition(events.COND_READY, False, events.SUSPENDED, "the job is suspended")
+    run.condition(events.COND_RECOVERING, False, events.SUSPENDED, "the job is suspended")
+    run.remove_all_pods()
+    for entry in run.entries.values():
+        entry.reset(EntryState.SUSPENDED)
+
+
+def keep_finished(run: PassState) -> None:
+    if cond.condition_true(run.conditions, events.COND_FAILED):
+        run.remove_all_pods()
+        for entry in run.entries.values():
+            if (entry.role, entry.index) not in run.pods:
+                entry.state = EntryState.FAILED if entry.role == WORKER else EntryState.CREATING
+    else:
+        run.remove_all_pods(roles=(SPARE,))
+    for key in [k for k in run.entries if k[0] == SPARE]:
+        if key not in run.pods:
+            del run.entries[key]
+    _expire(run)
+
+
+def _expire(run: PassState) -> None:
+    """ttlSecondsAfterFinished: delete the job once it has passed, else look again then."""
+    ttl = run.job.ttl_seconds_after_finished
+    if ttl is None:
+        return
+    expiry = (parse_time(run.completion_time) or run.now) + timedelta(seconds=ttl)
+    if run.now >= expiry:
+        run.actions.append(DeleteJob(run.job.name, run.job.namespace, run.job.uid))
+        run.event(events.NORMAL, events.TTL_EXPIRED, f"deleting the job {ttl}s after it finished")
+    else:
+        run.at(expiry)
+
+
+def reconcile_invalid(
+    status: Mapping[str, Any], generation: int, message: str, now: datetime
+) -> tuple[dict[str, Any], bool, tuple[Event, ...]]:
+    """A job whose spec does not validate: Ready=False/InvalidSpec with the field-naming message.
+
+    Returns (status, changed, events). The Warning is emitted only when the condition first flips (or
+    its message changes) so that an invalid object does not flood the Events.
+    """
+    conditions = [dict(c) for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    before = next((c for c in conditions if c.get("type") == events.COND_READY), None)
+    unchanged = (
+        before is not None
+        and before.get("reason") == events.INVALID_SPEC
+        and before.get("message") == message
+    )
+    cond.set_condition(
+        conditions,
+        events.COND_READY,
+        status=False,
+        reason=events.INVALID_SPEC,
+        message=message,
+        now=now,
+        generation=generation,
+    )
+    new = dict(status)
+    new["conditions"] = cond.sorted_conditions(conditions)
+    new["observedGeneration"] = generation
+    new["state"] = cond.state_from_conditions(conditions)
+    emitted = () if unchanged else (Event(events.WARNING, events.INVALID_SPEC, message),)
+    return new, comparable(new) != comparable(status), emitted
+
+
+def finalize(job: JobView, nodes: Mapping[str, Sequence[tuple[str, str, str]]]) -> tuple[Action, ...]:
+    """What deleting a job does beyond ownerReference garbage collection.
+
+    Children with ownerReferences go with the job. The checkpoint volume never carries one under
+    `retentionPolicy: Retain`, so it survives; under `Delete` the claim (and a static volume) is
+    deleted here. Taints this job put on excluded nodes are removed. `nodes` maps node name to its
+    taints as (key, value, effect).
+    """
+    actions: list[Action] = []
+    if job.retention_delete:
+        for manifest in render.render_storage(job.model, uid=job.uid):
+            kind = str(manifest.get("kind"))
+            metadata = manifest.get("metadata", {})
+            namespace = metadata.get("namespace") if kind == "PersistentVolumeClaim" else None
+            actions.append(DeleteObject(str(manifest.get("apiVersion")), kind, metadata["name"], namespace))
+    for node, taints in sorted(nodes.items()):
+        for key, value, effect in taints:
+            if key == constants.TAINT_EXCLUDED and value == job.name:
+                actions.append(TaintNode(node, key, value, effect, remove=True))
+    return tuple(actions)
+
+
+def comparable(status: Mapping[str, Any]) -> dict[str, Any]:
+    """Status without empty values, so that {} and absent compare equal (the API server prunes them)."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {k: clean(v) for k, v in value.items() if v not in (None, [], {})}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    result: dict[str, Any] = clean(status)
+    return result

@@ -1,0 +1,243 @@
+"""Placement and spares: drive each worker and spare entry toward a running pod on a fit node.
+
+- A `Replacing` worker: its old pod goes (once `failurePolicy.backoffSeconds` has passed since the
+  newest replacement pod was created), then a replacement is created, on a ready hot spare's node
+  when there is one (the spare is given up, and the worker pinned there by node affinity), else
+  wherever the scheduler puts it.
+- A `Creating` worker: created (pinned, if its entry names a spare's node that is still usable); a
+  pod that landed on a dead node or waits for a pin that can no longer be honoured is created again.
+- A spare: created wherever it fits (off excluded nodes and nodes replacements are pinned to),
+  replaced when its node fails or the pod ends.
+
+Every pod is rendered whole by `rtj_operator.render` (a replacement's annotations included) and kept
+off the job's excluded nodes and the nodes that are not Ready.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from rtj_operator import events, render
+from rtj_operator.api import EntryState
+from rtj_operator.decide import failures
+from rtj_operator.decide.actions import CreateObject
+from rtj_operator.decide.state import OBSERVED_ON_NODE, SPARE, WORKER, Entry, PassState
+from rtj_operator.observe import PodState
+
+
+def run_workers(run: PassState) -> None:
+    for index in range(run.job.nodes):
+        run_worker(run, index)
+
+
+def run_spares(run: PassState) -> None:
+    for index in range(run.job.hot_spares):
+        run_spare(run, index)
+
+
+def run_worker(run: PassState, index: int) -> None:
+    """Drive one worker's entry toward a running pod."""
+    entry = run.entry(WORKER, index)
+    pod = run.pod(WORKER, index)
+    if entry.state == EntryState.REPLACING:
+        _drive_replacing(run, entry, pod)
+    elif entry.state == EntryState.CREATING:
+        _drive_creating(run, entry, pod)
+    else:
+        sync_entry_from_pod(entry, pod)
+
+
+def _drive_replacing(run: PassState, entry: Entry, pod: PodState | None) -> None:
+    """A counted fault: remove the old pod, then (after the backoff) create the replacement."""
+    until = backoff_until(run)
+    if pod is not None:
+        # The old pod is kept (even stranded on a dead node) until the backoff has passed: its
+        # creation time is what the backoff is measured from.
+        if until is not None:
+            run.at(until)
+        else:
+            run.delete_pod(pod, force=run.problem(pod) is not None)
+        return
+    if until is not None:
+        run.at(until)
+        return
+    replaced_node = entry.node_name
+    spare_node = take_spare(run, run.excluded_names()) if run.job.hot_spares else None
+    entry.state, entry.node_name = EntryState.CREATING, spare_node or ""
+    if spare_node:
+        run.event(
+            events.NORMAL, events.SPARE_USED, f"worker {entry.index} replaced on hot spare node {spare_node}"
+        )
+    where = f"on node {spare_node}" if spare_node else "by the scheduler"
+    run.event(
+        events.NORMAL, events.WORKER_REPLACED, f"worker {entry.index} replacement created, placed {where}"
+    )
+    replacement = render.Replacement(run.restarts.pod_replacement, replaced_node)
+    create_worker(run, entry.index, spare_node, replacement)
+
+
+def _drive_creating(run: PassState, entry: Entry, pod: PodState | None) -> None:
+    """A wanted pod: create it, or replace one that cannot start where it was put."""
+    if pod is None:
+        pinned = entry.node_name
+        if pinned and (pinned not in run.observed.nodes or pinned in run.excluded_names()):
+            pinned = entry.node_name = ""
+        if pinned:
+            release_spare_on(run, pinned)
+        after_fault = run.restarts.pod_replacement > 0 and run.start_time is not None
+        replacement = render.Replacement(run.restarts.pod_replacement) if after_fault else None
+        create_worker(run, entry.index, pinned or None, replacement)
+        return
+    if run.problem(pod) is not None:
+        # Not yet counted (never seen running): remove it and create it again elsewhere.
+        run.delete_pod(pod, force=True)
+        return
+    if (
+        not pod.node_name
+        and entry.node_name
+        and not pod.deleting
+        and stale_pin(run, entry.index, entry.node_name)
+    ):
+        # Pinned to a spare's node that another pod took meanwhile: the scheduler would wait
+        # forever. Not yet started, so it is simply created again, unpinned.
+        entry.node_name = ""
+        run.delete_pod(pod, force=True)
+        return
+    sync_entry_from_pod(entry, pod)
+
+
+def sync_entry_from_pod(entry: Entry, pod: PodState | None) -> None:
+    """Record what is observed of a pod that is not being replaced."""
+    if pod is None or pod.deleting:
+        return
+    if pod.phase == "Succeeded":
+        entry.state, entry.node_name = EntryState.SUCCEEDED, pod.node_name or entry.node_name
+    elif pod.node_name:
+        entry.state = EntryState.RUNNING if pod.phase == "Running" else EntryState.PENDING
+        entry.node_name = pod.node_name
+    elif entry.state != EntryState.CREATING:
+        entry.state = EntryState.PENDING
+
+
+def create_worker(
+    run: PassState, index: int, node_name: str | None, replacement: render.Replacement | None
+) -> None:
+    excluded = run.excluded_names()
+    if not node_name:
+        # Keep unpinned workers off the nodes that replacements are pinned to (spares' nodes).
+        excluded = sorted(set(excluded) | pinned_nodes(run, except_index=index))
+    manifest = render.render_worker_pod(
+        run.job.model,
+        index,
+        uid=run.job.uid,
+        excluded_nodes=excluded,
+        node_name=node_name or None,
+        replacement=replacement,
+    )
+    run.actions.append(CreateObject(manifest))
+    run.created_pods = True
+
+
+def backoff_until(run: PassState) -> datetime | None:
+    """Replacements are spaced by backoffSeconds from the newest pod created after a fault."""
+    backoff = run.job.policy.backoff_seconds
+    newest = max(
+        (
+            p.created
+            for p in run.pods.values()
+            if p.role == WORKER
+            and p.restart_count_annotation is not None
+            # pods created for the restart in progress (a gang) do not hold back their siblings
+            and p.restart_count_annotation < run.restarts.pod_replacement
+            and p.created
+        ),
+        default=None,
+    )
+    if newest is None or backoff <= 0:
+        return None
+    until = newest + timedelta(seconds=backoff)
+    return until if until > run.now else None
+
+
+def take_spare(run: PassState, excluded: Sequence[str]) -> str | None:
+    """Give up a ready spare for a replacement; returns its node."""
+    for k in range(run.job.hot_spares):
+        pod = run.pod(SPARE, k)
+        if pod is None or pod.deleting or not pod.ready or pod.phase != "Running" or not pod.node_name:
+            continue
+        if pod.node_name in excluded or run.problem(pod) is not None:
+            continue
+        # Graceful: the replacement is pinned to the node by required affinity, so the scheduler
+        # waits until the spare has released the node's GPUs rather than racing kubelet admission.
+        _give_up_spare(run, k, pod)
+        return pod.node_name
+    return None
+
+
+def release_spare_on(run: PassState, node: str) -> None:
+    """Make sure no spare still holds `node`, which a replacement worker is pinned to.
+
+    Normally the spare was deleted in the pass that pinned the worker; this covers an operator that
+    stopped between writing that decision and deleting the spare.
+    """
+    for k in range(run.job.hot_spares):
+        pod = run.pod(SPARE, k)
+        if pod is not None and pod.node_name == node:
+            _give_up_spare(run, k, pod)
+
+
+def _give_up_spare(run: PassState, index: int, pod: PodState) -> None:
+    run.delete_pod(pod, force=False)
+    run.entry(SPARE, index).reset()
+    del run.pods[(SPARE, index)]
+    # Its successor is created on a later pass, once the name is free again.
+    run.spares_taken.add(index)
+
+
+def pinned_nodes(run: PassState, *, except_index: int | None = None) -> set[str]:
+    """Nodes that replacement workers still being created are pinned to."""
+    return {
+        e.node_name
+        for e in run.entries.values()
+        if e.role == WORKER and e.state == EntryState.CREATING and e.node_name and e.index != except_index
+    }
+
+
+def stale_pin(run: PassState, index: int, node: str) -> bool:
+    """A pin that can no longer be honoured: the node is gone, excluded, unfit or taken."""
+    if node not in run.observed.nodes or node in run.excluded_names():
+        return True
+    return any(
+        pod.node_name == node and not pod.deleting and not (role == WORKER and other == index)
+        for (role, other), pod in run.pods.items()
+    )
+
+
+def run_spare(run: PassState, index: int) -> None:
+    """Drive one spare's entry toward a ready pod holding a fit node."""
+    entry = run.entry(SPARE, index)
+    pod = run.pod(SPARE, index)
+    if index in run.spares_taken:
+        return
+    if pod is None:
+        entry.reset()
+        # Keep new spares off the nodes that replacement workers are pinned to (a spare's old node).
+        excluded = sorted(set(run.excluded_names()) | pinned_nodes(run))
+        manifest = render.render_spare_pod(run.job.model, index, uid=run.job.uid, excluded_nodes=excluded)
+        run.actions.append(CreateObject(manifest))
+        run.created_pods = True
+        return
+    problem = run.problem(pod)
+    if problem is not None:
+        if entry.state in OBSERVED_ON_NODE and entry.node_name == pod.node_name:
+            failures.record_node_fault(run, pod.node_name, problem)
+            run.event(events.WARNING, events.NODE_LOST, f"spare pod {pod.name}: {problem.message}")
+        entry.reset()
+        run.delete_pod(pod, force=True)
+        return
+    if pod.phase in {"Failed", "Succeeded"} or pod.disruption:
+        entry.reset()
+        run.delete_pod(pod, force=False)
+        return
+    sync_entry_from_pod(entry, pod)

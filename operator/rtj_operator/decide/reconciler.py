@@ -1,0 +1,90 @@
+"""`reconcile(job, observed, now) -> Plan`: one pass over one job, as an ordered script of policies.
+
+Read top to bottom, it is the operator's design (docs/architecture.md, "The operator"):
+
+1. A finished job keeps what it must and expires after its TTL; a suspended job gives up its pods.
+2. Otherwise: resume if it was suspended, drop what is beyond the spec, detect the workers lost
+   since the last pass and count them against the budget (`failures`); a job out of budget fails.
+3. Judge the spares' nodes, then drive every worker and spare toward a running pod (`placement`).
+4. Set Ready/Recovering/Succeeded (`lifecycle`), assert the base children before any new pod, fold
+   the trainers' progress reports, and write it all as the next status.
+
+Pure: the caller (`rtj_operator.runtime.passes`) writes `Plan.status` first, then applies the actions.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from rtj_operator.decide import failures, lifecycle, placement
+from rtj_operator.decide.actions import Plan
+from rtj_operator.decide.state import WORKER, PassState
+from rtj_operator.observe import JobView, Observed
+from rtj_operator.progress import RestartOffset, fold_progress
+
+# The shortest requeue the plan asks for (seconds): moments already past are looked at again soon.
+MIN_REQUEUE_SECONDS = 0.5
+
+
+def reconcile(job: JobView, observed: Observed, now: datetime) -> Plan:
+    """Decide, from the job and what is observed of it at `now`, the next status and actions."""
+    run = PassState.begin(job, observed, now)
+    if lifecycle.finished(run):
+        lifecycle.keep_finished(run)
+    elif job.suspend:
+        lifecycle.suspend(run)
+    else:
+        _run_active(run)
+    lifecycle.ensure_base(run)
+    return _plan(run)
+
+
+def _run_active(run: PassState) -> None:
+    lifecycle.resume(run)
+    lifecycle.remove_surplus(run)
+    losses = failures.detect_losses(run)
+    if losses and not failures.handle_losses(run, losses):
+        return  # out of budget: the job failed
+    failures.record_spare_faults(run)
+    first_start = run.start_time is None
+    placement.run_workers(run)
+    placement.run_spares(run)
+    lifecycle.mark_started(run, first_start)
+    lifecycle.update_running_conditions(run)
+
+
+def _fold_progress(run: PassState) -> dict[str, RestartOffset]:
+    """Fold the workers' progress reports into restarts, progress and lastCheckpoint."""
+    reports = [
+        (p.uid, p.report)
+        for (role, _), p in sorted(run.pods.items())
+        if role == WORKER and p.report is not None
+    ]
+    previous = {
+        "restarts": run.restarts.to_status(),
+        "progress": run.progress,
+        "lastCheckpoint": run.last_checkpoint,
+    }
+    folded = fold_progress(previous, reports, run.observed.offsets)
+    run.restarts.in_process = folded.in_process_restarts
+    run.restarts.in_job = folded.in_job_restarts
+    run.progress = folded.progress
+    run.last_checkpoint = folded.last_checkpoint
+    return folded.offsets
+
+
+def _plan(run: PassState) -> Plan:
+    offsets = _fold_progress(run)
+    status = run.to_status()
+    requeue = None
+    if run.requeue is not None:
+        requeue = max(MIN_REQUEUE_SECONDS, (run.requeue - run.now).total_seconds())
+    return Plan(
+        status=status,
+        status_changed=lifecycle.comparable(status) != lifecycle.comparable(run.job.status),
+        actions=tuple(run.actions),
+        events=tuple(run.events),
+        requeue_after=requeue,
+        offsets=offsets,
+        counters=run.counters,
+    )

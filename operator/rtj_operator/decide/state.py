@@ -1,0 +1,335 @@
+"""The typed state of one reconcile pass: the job's status being rewritten, and what was decided.
+
+`PassState.begin` reads the job's status into typed records (one `Entry` per worker and spare, the
+node faults and exclusions, the restart counts); the policy modules (`failures`, `placement`,
+`lifecycle`) change those records and append actions and Events; `PassState.to_status` writes the
+records back in the status's JSON form. The helpers here are the few steps every policy shares:
+deleting a pod, asking to look again later, judging a pod's node, setting a condition.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from rtj_operator import constants, events
+from rtj_operator.api import EntryState
+from rtj_operator.decide import conditions as cond
+from rtj_operator.decide.actions import FORCE, GRACEFUL_DELETE_SECONDS, Action, DeletePod, Event
+from rtj_operator.observe import JobView, NodeProblem, Observed, PodState, node_problem
+
+WORKER, SPARE = constants.ROLE_WORKER, constants.ROLE_SPARE
+# Entry states in which the pod was seen on `nodeName`: only there can a fault be counted.
+OBSERVED_ON_NODE = frozenset({EntryState.PENDING, EntryState.RUNNING})
+
+EntryKey = tuple[str, int]  # (role, index)
+
+
+@dataclass
+class Entry:
+    """status.workers.pods[]: the operator's record of one worker or spare."""
+
+    role: str
+    index: int
+    pod_name: str
+    node_name: str = ""
+    state: EntryState = EntryState.CREATING
+
+    @classmethod
+    def from_status(cls, raw: Mapping[str, Any]) -> Entry:
+        state = str(raw.get("state") or "")
+        return cls(
+            role=str(raw.get("role")),
+            index=int(raw["index"]),
+            pod_name=str(raw.get("podName") or ""),
+            node_name=str(raw.get("nodeName") or ""),
+            state=EntryState(state) if state in set(EntryState) else EntryState.CREATING,
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "role": self.role,
+            "podName": self.pod_name,
+            "nodeName": self.node_name,
+            "state": self.state.value,
+        }
+
+    def reset(self, state: EntryState = EntryState.CREATING) -> None:
+        """Forget the node: a new pod is wanted (or none, when suspended)."""
+        self.state, self.node_name = state, ""
+
+    @property
+    def on_node(self) -> bool:
+        """Seen Pending/Running on a recorded node: a fault of that pod is counted."""
+        return self.state in OBSERVED_ON_NODE and bool(self.node_name)
+
+
+@dataclass
+class NodeFaultRecord:
+    """status.nodeFaults[]: faults this job saw on one node."""
+
+    node_name: str
+    count: int = 0
+    last_reason: str | None = None
+    last_time: str | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"nodeName": self.node_name, "count": self.count}
+        if self.last_reason is not None:
+            out["lastReason"] = self.last_reason
+        if self.last_time is not None:
+            out["lastTime"] = self.last_time
+        return out
+
+
+@dataclass
+class ExcludedNodeRecord:
+    """status.excludedNodes[]: a node this job no longer schedules onto."""
+
+    node_name: str
+    reason: str | None = None
+    time: str | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"nodeName": self.node_name}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        if self.time is not None:
+            out["time"] = self.time
+        return out
+
+
+@dataclass
+class Restarts:
+    """status.restarts: in-process and in-job restarts (folded from the pods) and replacements."""
+
+    in_process: int = 0
+    in_job: int = 0
+    pod_replacement: int = 0
+
+    @classmethod
+    def from_status(cls, raw: Mapping[str, Any]) -> Restarts:
+        def count(key: str) -> int:
+            value = raw.get(key)
+            return value if isinstance(value, int) and value >= 0 else 0
+
+        return cls(count("inProcess"), count("inJob"), count("podReplacement"))
+
+    def to_status(self) -> dict[str, int]:
+        return {
+            "inProcess": self.in_process,
+            "inJob": self.in_job,
+            "podReplacement": self.pod_replacement,
+            "total": self.in_process + self.in_job + self.pod_replacement,
+        }
+
+
+def _dicts(value: object) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _dict_or_none(value: object) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+@dataclass
+class PassState:
+    """One pass over one job: the inputs, the status being rewritten, and the decisions so far."""
+
+    job: JobView
+    observed: Observed
+    now: datetime
+    # The status, as typed records.
+    conditions: list[dict[str, Any]]
+    restarts: Restarts
+    excluded: list[ExcludedNodeRecord]
+    faults: list[NodeFaultRecord]
+    entries: dict[EntryKey, Entry]
+    start_time: str | None
+    completion_time: str | None
+    progress: dict[str, Any] | None  # folded from the pods' reports (progress.fold_progress)
+    last_checkpoint: dict[str, Any] | None
+    # The job's pods by (role, index); pods with an index beyond spec (`stray`) are only removed.
+    pods: dict[EntryKey, PodState]
+    stray: list[PodState]
+    # What was decided.
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeue: datetime | None = None
+    counters: dict[str, int] = field(
+        default_factory=lambda: {"node_losses": 0, "pod_replacements": 0, "gang_restarts": 0}
+    )
+    created_pods: bool = False
+    faulted_nodes: set[str] = field(default_factory=set)  # a node's fault counts once per pass
+    spares_taken: set[int] = field(default_factory=set)  # spares given up for replacements
+
+    @classmethod
+    def begin(cls, job: JobView, observed: Observed, now: datetime) -> PassState:
+        old = copy.deepcopy(dict(job.status))
+        workers = old.get("workers") or {}
+        entries = {
+            (str(raw.get("role")), raw["index"]): Entry.from_status(raw)
+            for raw in _dicts(workers.get("pods"))
+            if isinstance(raw.get("index"), int)
+        }
+        pods: dict[EntryKey, PodState] = {}
+        stray: list[PodState] = []
+        for pod in observed.pods:
+            if pod.name != job.pod_name(pod.role, pod.index):
+                continue  # not a name this job creates: someone else's pod carrying our labels
+            limit = job.nodes if pod.role == WORKER else job.hot_spares
+            if pod.index >= limit:
+                stray.append(pod)
+            else:
+                pods[(pod.role, pod.index)] = pod
+        return cls(
+            job=job,
+            observed=observed,
+            now=now,
+            conditions=_dicts(old.get("conditions")),
+            restarts=Restarts.from_status(old.get("restarts") or {}),
+            excluded=[
+                ExcludedNodeRecord(str(e.get("nodeName") or ""), e.get("reason"), e.get("time"))
+                for e in _dicts(old.get("excludedNodes"))
+            ],
+            faults=[
+                NodeFaultRecord(
+                    str(f.get("nodeName") or ""),
+                    int(f.get("count") or 0),
+                    f.get("lastReason"),
+                    f.get("lastTime"),
+                )
+                for f in _dicts(old.get("nodeFaults"))
+            ],
+            entries=entries,
+            start_time=old.get("startTime"),
+            completion_time=old.get("completionTime"),
+            progress=_dict_or_none(old.get("progress")),
+            last_checkpoint=_dict_or_none(old.get("lastCheckpoint")),
+            pods=pods,
+            stray=stray,
+        )
+
+    # -- shared steps --
+
+    def at(self, moment: datetime) -> None:
+        """Ask to be reconciled again at `moment` (the earliest one wins)."""
+        if self.requeue is None or moment < self.requeue:
+            self.requeue = moment
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append(Event(type_, reason, message))
+
+    def condition(self, type_: str, status: bool, reason: str, message: str) -> bool:
+        """Set a condition for this pass's generation; returns whether its status flipped."""
+        return cond.set_condition(
+            self.conditions,
+            type_,
+            status=status,
+            reason=reason,
+            message=message,
+            now=self.now,
+            generation=self.job.generation,
+        )
+
+    def problem(self, pod: PodState) -> NodeProblem | None:
+        """What is wrong with the pod's node now; asks to look again when it may go wrong later."""
+        found, recheck = node_problem(
+            pod.node_name,
+            self.observed.nodes,
+            pod.tolerations,
+            self.now,
+            self.job.policy.node_loss_grace_seconds,
+        )
+        if recheck is not None:
+            self.at(recheck)
+        return found
+
+    def excluded_names(self) -> list[str]:
+        names = {e.node_name for e in self.excluded if e.node_name}
+        # Nodes that are not Ready right now are avoided too: a replacement must not land on the node
+        # that was just lost while it flaps.
+        names |= {n.name for n in self.observed.nodes.values() if n.ready != "True"}
+        return sorted(names)
+
+    def entry(self, role: str, index: int) -> Entry:
+        key = (role, index)
+        if key not in self.entries:
+            self.entries[key] = Entry(role, index, self.job.pod_name(role, index))
+        return self.entries[key]
+
+    def pod(self, role: str, index: int) -> PodState | None:
+        return self.pods.get((role, index))
+
+    def delete_pod(self, pod: PodState, *, force: bool) -> None:
+        if pod.deleting and not force:
+            return
+        if pod.deleting and pod.deletion_grace_seconds == 0:
+            return
+        if force and pod.deleting:
+            self.event(
+                events.WARNING,
+                events.STRANDED_POD_DELETED,
+                f"pod {pod.name} was stuck terminating on unreachable node {pod.node_name}; force-deleted",
+            )
+        self.actions.append(DeletePod(pod.name, pod.uid, FORCE if force else GRACEFUL_DELETE_SECONDS))
+
+    def remove_all_pods(self, *, roles: Sequence[str] = (WORKER, SPARE)) -> None:
+        """Delete the pods of `roles` (force on a dead node) and every stray pod; succeeded ones stay."""
+        for (role, _), pod in sorted(self.pods.items()):
+            if role in roles and pod.phase not in {"Succeeded"}:
+                self.delete_pod(pod, force=self.problem(pod) is not None)
+        for pod in self.stray:
+            self.delete_pod(pod, force=self.problem(pod) is not None)
+
+    # -- the status written back --
+
+    def worker_counts(self) -> tuple[int, int, int]:
+        """(ready workers, succeeded workers, ready spares)."""
+        nodes, spares = self.job.nodes, self.job.hot_spares
+        ready = sum(
+            1
+            for i in range(nodes)
+            if (p := self.pod(WORKER, i)) is not None
+            and p.ready
+            and p.phase == "Running"
+            and not p.deleting
+            and self.entry(WORKER, i).state == EntryState.RUNNING
+        )
+        succeeded = sum(1 for i in range(nodes) if self.entry(WORKER, i).state == EntryState.SUCCEEDED)
+        ready_spares = sum(
+            1 for k in range(spares) if (p := self.pod(SPARE, k)) is not None and p.ready and not p.deleting
+        )
+        return ready, succeeded, ready_spares
+
+    def to_status(self) -> dict[str, Any]:
+        ready, _, spares = self.worker_counts()
+        ordered = sorted(self.entries, key=lambda k: (k[0] != WORKER, k[1]))
+        status: dict[str, Any] = {
+            "observedGeneration": self.job.generation,
+            "state": cond.state_from_conditions(self.conditions),
+            "conditions": cond.sorted_conditions(self.conditions),
+            "workers": {
+                "desired": self.job.nodes,
+                "ready": ready,
+                "readySpares": spares,
+                "readyText": f"{ready}/{self.job.nodes}",
+                "pods": [self.entries[k].to_status() for k in ordered],
+            },
+            "restarts": self.restarts.to_status(),
+            "excludedNodes": [e.to_status() for e in self.excluded],
+            "nodeFaults": [f.to_status() for f in self.faults],
+        }
+        for key, value in (
+            ("startTime", self.start_time),
+            ("completionTime", self.completion_time),
+            ("progress", self.progress),
+            ("lastCheckpoint", self.last_checkpoint),
+        ):
+            if value:
+                status[key] = value
+        return status

@@ -1,0 +1,68 @@
+"""Every name the operator derives from a job's name: its children, its pods' DNS names, its paths.
+
+The renderer names the objects it produces with these, the decisions (`rtj_operator.decide`) find a
+job's pods by them, and docs/architecture.md ("What the renderer produces") lists them. Each takes
+plain strings (the job's name, namespace, an index), so that code holding only a name, not a parsed
+job, derives the same names. Labels, annotations and environment names are in `constants`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from rtj_operator import constants
+
+# The worker and spare pods' container.
+CONTAINER_NAME: Final = "trainer"
+# The rendezvous port's name, on the container and on the Service.
+RENDEZVOUS_PORT_NAME: Final = "rendezvous"
+
+
+def service_name(job: str) -> str:
+    """The headless Service `J` that gives workers their DNS names."""
+    return job
+
+
+def worker_pod_name(job: str, index: int) -> str:
+    """`J-worker-<i>`: also the pod's hostname, so replacements keep their DNS name."""
+    return f"{job}-worker-{index}"
+
+
+def spare_pod_name(job: str, index: int) -> str:
+    """`J-spare-<k>`."""
+    return f"{job}-spare-{index}"
+
+
+def pod_name(job: str, role: str, index: int) -> str:
+    """The worker or spare pod of `role` (constants.ROLE_WORKER or ROLE_SPARE) and `index`."""
+    return worker_pod_name(job, index) if role == constants.ROLE_WORKER else spare_pod_name(job, index)
+
+
+def pvc_name(job: str) -> str:
+    """`J-checkpoints`: the claim the job renders (unless it names an existing claim)."""
+    return f"{job}-checkpoints"
+
+
+def pv_name(job: str, namespace: str) -> str:
+    """`J-checkpoints-<ns>`: the static PersistentVolume (cluster-scoped, hence the namespace)."""
+    return f"{job}-checkpoints-{namespace}"
+
+
+def trainer_name(job: str) -> str:
+    """`J-trainer`: the ServiceAccount, Role and RoleBinding of the job's pods."""
+    return f"{job}-trainer"
+
+
+def rendezvous_host(job: str, namespace: str) -> str:
+    """Worker 0's stable DNS name, where the c10d store listens."""
+    return f"{worker_pod_name(job, 0)}.{service_name(job)}.{namespace}.svc"
+
+
+def checkpoint_dir(job: str, mount_path: str) -> str:
+    """`<mountPath>/J`: jobs sharing a volume keep apart."""
+    return f"{mount_path.rstrip('/')}/{job}"
+
+
+def selector_labels(job: str) -> dict[str, str]:
+    """The labels that select every child of the job."""
+    return {constants.LABEL_JOB: job}

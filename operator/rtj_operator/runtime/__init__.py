@@ -1,0 +1,10 @@
+"""The operator's runtime: everything between kopf and the pure decisions (`rtj_operator.decide`).
+
+- `handlers`: kopf wiring only (which events make which job reconcile).
+- `queue`: the work queue (one pass per job at a time, bursts coalesced, failures retried).
+- `passes`: one pass (observe, decide, write status, post Events, apply actions) and the finalizer.
+- `context`: the operator's state handed to every handler (kopf's memo).
+- `kube`: every API call the operator makes, and the RBAC they need (`REQUIRED_PERMISSIONS`).
+
+The layers import downward only: handlers -> passes -> context -> queue, kube.
+"""

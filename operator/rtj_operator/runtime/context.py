@@ -1,0 +1,57 @@
+"""The operator's state, handed to every kopf handler as its `memo`: API client, queue, indexes.
+
+`handlers` fills the indexes (kopf's, kept here so that passes started outside a handler, such as a
+requeue wake-up, can read them); `passes` reads them and the API client; `queue` runs the passes.
+`passes.new_context` builds one with its queue wired to the passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from rtj_operator.runtime.kube import Kube
+from rtj_operator.runtime.queue import JobKey, WorkQueue
+
+
+@dataclass
+class OperatorContext:
+    """The operator's state, passed to every handler as kopf's `memo`."""
+
+    kube: Kube
+    metrics_port: int | None = None
+    queue: WorkQueue = field(init=False)
+    # Filled by kopf (see handlers.remember_indexes).
+    jobs: kopf.Index[JobKey, dict[str, Any]] | None = None
+    pods: kopf.Index[JobKey, dict[str, Any]] | None = None
+    nodes: kopf.Index[str, dict[str, Any]] | None = None
+
+    # kopf copies the memo into each handler's kwargs; it must behave like a kopf.Memo (a dict-like).
+    def __copy__(self) -> OperatorContext:
+        return self
+
+    def job_body(self, key: JobKey) -> dict[str, Any] | None:
+        """The job as last indexed, or None."""
+        store: Iterable[dict[str, Any]] | None = self.jobs.get(key) if self.jobs is not None else None
+        return next(iter(store), None) if store is not None else None
+
+    def job_pods(self, key: JobKey) -> list[dict[str, Any]]:
+        """The job's pods as last indexed."""
+        return list(self.pods.get(key, ()) if self.pods is not None else ())
+
+    def all_nodes(self) -> list[dict[str, Any]]:
+        """Every node as last indexed."""
+        if self.nodes is None:
+            return []
+        return [body for store in self.nodes.values() for body in store]
+
+    def jobs_on_node(self, node: str) -> list[JobKey]:
+        """The jobs with a pod bound to `node`."""
+        return [
+            key
+            for key, store in (self.pods or {}).items()
+            if any(pod.get("spec", {}).get("nodeName") == node for pod in store)
+        ]
