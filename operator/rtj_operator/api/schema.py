@@ -198,8 +198,9 @@ def _type_schema(annotation: Any, metadata: list[Any]) -> dict[str, Any]:
 def _default_value(info: FieldInfo) -> Any:
     value = info.get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
-        # The API server fills nested defaults into an empty object.
-        return {}
+        # Spelled out in full: the API server checks a default against the object's CEL rules as
+        # written, before nested defaults fill it in, so `{}` would fail rules that read its fields.
+        return value.model_dump(by_alias=True, mode="json", exclude_none=True)
     if isinstance(value, enum.Enum):
         return value.value
     return value
