@@ -197,10 +197,17 @@ class KubeClient:
         }[kind]
         return await self.request("PATCH", path, body, content_type=content_type)
 
-    async def delete(self, path: str, *, grace_period_seconds: int | None = None) -> Any:
-        body = None
-        if grace_period_seconds is not None:
-            body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace_period_seconds}
+    async def delete(
+        self, path: str, *, grace_period_seconds: int | None = None, uid: str | None = None
+    ) -> Any:
+        """DELETE; with ``uid`` only that incarnation of the name (409 if it was replaced)."""
+        body: dict[str, Any] | None = None
+        if grace_period_seconds is not None or uid is not None:
+            body = {"apiVersion": "v1", "kind": "DeleteOptions"}
+            if grace_period_seconds is not None:
+                body["gracePeriodSeconds"] = grace_period_seconds
+            if uid is not None:
+                body["preconditions"] = {"uid": uid}
         return await self.request("DELETE", path, body)
 
     async def watch(

@@ -663,12 +663,16 @@ class PodWorker:
         status = self.build_status()
         try:
             updated = await self.kubelet.client.patch(
-                path_for("pods", self.namespace, self.name, "status"), {"status": status}
+                path_for("pods", self.namespace, self.name, "status"),
+                # The uid makes the patch conditional: a new pod of the same name (a resumed job's
+                # worker) must never receive this one's status.
+                {"metadata": {"uid": self.uid}, "status": status},
             )
             if isinstance(updated, dict):
                 self.pod = updated
         except ApiError as error:
-            if error.status != 404:
+            # 404: deleted; 409: the uid precondition failed (the name now belongs to a new pod).
+            if error.status not in (404, 409):
                 log.warning("pod %s/%s status update failed: %s", self.namespace, self.name, error)
                 self._dirty.set()
         except Exception as error:
@@ -707,7 +711,7 @@ class PodWorker:
         await self.write_status()
         try:
             await self.kubelet.client.delete(
-                path_for("pods", self.namespace, self.name), grace_period_seconds=0
+                path_for("pods", self.namespace, self.name), grace_period_seconds=0, uid=self.uid
             )
         except ApiError as error:
             if error.status != 404:
@@ -940,7 +944,7 @@ class Kubelet:
         meta = pod["metadata"]
         with contextlib.suppress(ApiError):
             await self.client.delete(
-                path_for("pods", meta["namespace"], meta["name"]), grace_period_seconds=0
+                path_for("pods", meta["namespace"], meta["name"]), grace_period_seconds=0, uid=meta["uid"]
             )
 
     def with_entrypoint(self, container: Mapping[str, Any]) -> Mapping[str, Any]:
