@@ -584,7 +584,7 @@ CASES += EMBEDDED_CASES
 def _job_with(changes: dict[str, Any]) -> dict[str, Any]:
     job = valid_job()
     for path, value in changes.items():
-        _set(job, path, copy.deepcopy(value))
+        _set(job, path, value if value is _DELETE else copy.deepcopy(value))
     return job
 
 
