@@ -190,3 +190,34 @@ def test_rtj_crd_write_updates_both_files(tmp_path, capsys: pytest.CaptureFixtur
     assert (tmp_path / "docs" / "api.md").read_text(encoding="utf-8") == crd_cli.reference_markdown()
     assert crd_cli.main(["--write", "--root", str(tmp_path)]) == 0
     assert capsys.readouterr().out.count("up to date") == 2
+
+
+def _nodes(node: dict, path: str):
+    yield path, node
+    for key, sub in node.get("properties", {}).items():
+        yield from _nodes(sub, f"{path}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from _nodes(node[key], f"{path}[*]")
+
+
+def test_every_integer_has_an_explicit_minimum_and_maximum() -> None:
+    # The API server does not hold a CRD's integers to their int32/int64 format.
+    for root in ("spec", "status"):
+        for path, node in _nodes(openapi_schema()["properties"][root], root):
+            if node.get("type") == "integer":
+                assert "minimum" in node and "maximum" in node, path
+                bits = 64 if node.get("format") == "int64" else 32
+                assert -(2 ** (bits - 1)) <= node["minimum"] <= node["maximum"] <= 2 ** (bits - 1) - 1, path
+
+
+def test_docs_api_md_lists_every_limit() -> None:
+    reference = (CRD_FILE.parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    for root in ("spec", "status"):
+        for path, node in _nodes(openapi_schema()["properties"][root], root):
+            for key in ("minimum", "maximum", "maxLength", "maxItems", "maxProperties", "pattern"):
+                if key in node:
+                    shown = str(node[key]).replace("|", "\\|")
+                    assert shown in reference, (path, key)
+            for rule in node.get("x-kubernetes-validations", []):
+                assert rule["message"] in reference, (path, rule["rule"])

@@ -25,6 +25,10 @@ from pydantic.fields import FieldInfo
 from rtj_operator.validation import RuleViolationError
 
 __all__ = [
+    "INT32_MAX",
+    "INT32_MIN",
+    "INT64_MAX",
+    "INT64_MIN",
     "ApiModel",
     "CelRule",
     "DateTime",
