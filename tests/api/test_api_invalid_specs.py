@@ -550,6 +550,12 @@ EMBEDDED_CASES: list[tuple[str, dict[str, Any], str, str | None]] = [
         "schema",
     ),
     # volume mounts
+    (
+        "checkpoint-mount-path-over-dev-shm",
+        {"spec.checkpoint.mountPath": "/dev/shm"},
+        "spec.checkpoint.mountPath",
+        "cel",
+    ),
     ("mount-path-relative", _mount(mountPath="data"), "spec.volumeMounts[0].mountPath", "schema"),
     (
         "mount-paths-duplicate",

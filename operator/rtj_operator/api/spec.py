@@ -477,6 +477,12 @@ class ResilientTrainingJobSpec(ApiModel):
             field_path=".podLabels",
         ),
         CelRule(
+            rule=f"self.checkpoint.mountPath != '{SHM_MOUNT_PATH}'",
+            message=f"checkpoint.mountPath may not be {SHM_MOUNT_PATH} (the shared-memory volume's)",
+            check=lambda s: s.checkpoint.mount_path != SHM_MOUNT_PATH,
+            field_path=".checkpoint.mountPath",
+        ),
+        CelRule(
             rule="!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
             message="volume names must be unique",
             check=lambda s: len({v.name for v in s.volumes}) == len(s.volumes),
