@@ -667,3 +667,14 @@ def test_mutable_fields_may_change() -> None:
     new = _job_with({"spec.suspend": True, "spec.hotSpares": 1, "spec.checkpoint.keep": 5})
     api.check_update(api.parse_job(old), api.parse_job(new))
     assert crd_errors(new, old) == []
+
+
+def test_a_whole_float_is_an_integer_for_both() -> None:
+    # The API server's schema check takes 2.0 for an integer (and stores 2): so does parse_job.
+    job = _job_with(
+        {"spec.nodes": 2.0, "spec.rendezvous.port": 29500.0, "spec.terminationGracePeriodSeconds": 30.0}
+    )
+    assert crd_errors(job) == []
+    spec = api.parse_job(job).spec
+    assert (spec.nodes, spec.rendezvous.port, spec.termination_grace_period_seconds) == (2, 29500, 30)
+    assert isinstance(spec.nodes, int)
