@@ -118,6 +118,14 @@ def _walk(
             _walk(schema["items"], item, None, [*parts, index], problems)
 
 
+def cel_errors_as_written(schema: dict[str, Any], value: Any) -> list[tuple[str, str]]:
+    """Failed CEL rules of ``value`` under ``schema`` with no defaults filled in (how the API server checks
+    a schema's own ``default`` values when the CRD is created)."""
+    problems: list[tuple[str, str]] = []
+    _walk(schema, value, None, [], problems)
+    return problems
+
+
 def crd_errors(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[tuple[str, str]]:
     """Schema errors, or (when the schema holds) CEL errors: the API server's order."""
     return schema_errors(obj) or cel_errors(obj, old)

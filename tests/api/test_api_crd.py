@@ -7,7 +7,7 @@ import copy
 import kubernetes_validate
 import pytest
 import yaml
-from crd_tools import CRD_FILE, crd_from_file, openapi_schema
+from crd_tools import CRD_FILE, cel_errors_as_written, crd_from_file, openapi_schema
 from rtj_operator import api, constants, crd_cli
 from rtj_operator.api.schema import model_type
 from rtj_operator.validation import structural_problems
@@ -221,3 +221,11 @@ def test_docs_api_md_lists_every_limit() -> None:
                     assert shown in reference, (path, key)
             for rule in node.get("x-kubernetes-validations", []):
                 assert rule["message"] in reference, (path, rule["rule"])
+
+
+def test_every_default_passes_the_rules_as_written() -> None:
+    # The API server refuses a CRD whose defaults break its own CEL rules, and it checks a default as
+    # written: an object default of {} would leave every field a rule compares missing.
+    for path, node in _nodes(openapi_schema()["properties"]["spec"], "spec"):
+        if isinstance(node.get("default"), dict):
+            assert cel_errors_as_written(node, node["default"]) == [], path

@@ -222,8 +222,10 @@ def _type_schema(annotation: Any, metadata: list[Any]) -> dict[str, Any]:
 def _default_value(info: FieldInfo) -> Any:
     value = info.get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
-        # The API server fills nested defaults into an empty object.
-        return {}
+        # The whole defaulted object, not {}: the API server checks a default against the CEL rules as
+        # written, without filling in the defaults nested in it, and {} would break every rule that
+        # compares two of its fields (the CRD would be refused).
+        return value.model_dump(by_alias=True, exclude_none=True, mode="json")
     if isinstance(value, enum.Enum):
         return value.value
     return value
