@@ -72,7 +72,10 @@ class CelRule(NamedTuple):
 
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# The API server reads a schema's bounds as float64, and 2^63 - 1 rounds to 2^63, which it refuses as the
+# maximum of an int64 field (and so every object): int64 fields stay within the integers a float64 holds
+# exactly.
+INT64_MIN, INT64_MAX = -(2**53 - 1), 2**53 - 1
 
 
 def _whole_number(value: Any) -> Any:
