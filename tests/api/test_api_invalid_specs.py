@@ -263,6 +263,12 @@ EMBEDDED_CASES: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("cpu-explicit-plus-sign", {"spec.resources.cpu": "+4"}, "spec.resources.cpu", "schema"),
     ("memory-zero", {"spec.resources.memory": "0Gi"}, "spec.resources.memory", "schema"),
     ("hugepages-negative", {"spec.resources.hugepages2Mi": "-2Mi"}, "spec.resources.hugepages2Mi", "schema"),
+    (
+        "hugepages-not-whole-pages",
+        {"spec.resources.hugepages2Mi": "3Mi"},
+        "spec.resources.hugepages2Mi",
+        "schema",
+    ),
     ("shm-size-zero", {"spec.resources.shmSize": "0"}, "spec.resources.shmSize", "schema"),
     (
         "dynamic-capacity-zero",

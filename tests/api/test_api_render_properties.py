@@ -339,7 +339,7 @@ EMBEDDED: dict[str, st.SearchStrategy[Any]] = {
     "spec.ttlSecondsAfterFinished": st.sampled_from(INTS),
     "spec.resources.cpu": st.sampled_from(QUANTITIES),
     "spec.resources.memory": st.sampled_from(QUANTITIES),
-    "spec.resources.hugepages2Mi": st.sampled_from(QUANTITIES),
+    "spec.resources.hugepages2Mi": st.sampled_from([*QUANTITIES, "2Mi", "3Mi", "5120Mi", "1Gi", "1.5Gi"]),
     "spec.checkpoint.storage": st.one_of(
         _fields(
             dynamic=_fields(

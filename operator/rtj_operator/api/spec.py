@@ -23,7 +23,6 @@ from rtj_operator.api.corev1 import (
     NodeSelectorTerm,
     OptionalName,
     PositiveQuantity,
-    Quantity,
     Toleration,
     Volume,
     VolumeMount,
@@ -53,6 +52,10 @@ JOB_NAME_PATTERN: str = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 AnnotationValue = Annotated[str, Strict(), Field(max_length=4096)]
 Arg = Annotated[str, Strict(), Field(max_length=4096)]
 InstanceTypeName = Annotated[str, Strict(), Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)]
+# Kubernetes refuses a hugepages quantity that is not a whole number of pages (2Mi): written in Mi, Gi or Ti.
+HugePages2Mi = Annotated[
+    str, Strict(), Field(max_length=32, pattern=r"^(0+(\.0*)?([KMGT]i)?|[0-9]*[02468]Mi|[0-9]+(Gi|Ti))$")
+]
 FileSystemId = Annotated[str, Strict(), Field(max_length=32, pattern=r"^fs-[0-9a-f]{8,17}$")]
 MountName = Annotated[str, Strict(), Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+$")]
 
@@ -102,11 +105,12 @@ class ResourceOverrides(ApiModel):
         description="memory is the memory request and limit per pod (a positive quantity). "
         "Optional; default: the profile's.",
     )
-    hugepages2_mi: Quantity | None = Field(
+    hugepages2_mi: HugePages2Mi | None = Field(
         default=None,
         alias="hugepages2Mi",
         description=(
-            'hugepages2Mi is the hugepages-2Mi request and limit per pod (a quantity; "0" for none). '
+            "hugepages2Mi is the hugepages-2Mi request and limit per pod, a whole number of 2Mi pages: "
+            'an even number of Mi or a whole number of Gi or Ti ("0" for none). '
             "Optional; default: the profile's."
         ),
     )
