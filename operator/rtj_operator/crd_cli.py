@@ -41,6 +41,11 @@ def _limits_text(node: dict[str, Any]) -> str:
                       ("maxProperties", "at most {} entries"), ("pattern", "matches `{}`")):  # fmt: skip
         if key in node:
             parts.append(text.format(node[key]))
+    # A list's items and a map's values have limits of their own (a label value's pattern, an arg's length).
+    for key, label in (("items", "each item"), ("additionalProperties", "each value")):
+        inner = node.get(key)
+        if isinstance(inner, dict) and not inner.get("properties") and _limits_text(inner):
+            parts.append(f"{label}: {_limits_text(inner).replace('; ', ', ')}")
     return "; ".join(parts)
 
 
@@ -89,6 +94,12 @@ def reference_markdown(crd: dict[str, Any] | None = None) -> str:
         f"`{constants.CATEGORIES[0]}`. The job's name must be a DNS label of at most "
         f"{api.MAX_JOB_NAME_LENGTH} characters (it prefixes the pods' hostnames). Examples: `examples/`; "
         "`rtj render -f job.yaml` prints the objects the operator creates for a job.",
+        "",
+        "Every limit and rule below is checked twice, by the same declarations: by the API server (the "
+        "CRD's schema and CEL rules) when a job is applied, and by `rtj render` and the operator. The "
+        "Kubernetes types a spec embeds (env, volumes and mounts, tolerations, node selector and affinity "
+        "terms, quantities, names) follow the rules the API server applies to the pods and claims they "
+        "become, so an accepted job never yields a child the API server refuses.",
         "",
         "## Printer columns",
         "",

@@ -10,7 +10,6 @@ This module imports nothing from the rest of the package.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -23,8 +22,6 @@ __all__ = [
     "format_validation_error",
     "structural_problems",
 ]
-
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class RuleViolationError(ValueError):
@@ -51,14 +48,11 @@ class JobValidationError(ValueError):
 
 
 def _join_path(parts: Iterable[str | int]) -> str:
+    """``spec.env[0].name``; a map key joins with a dot whatever it holds (``spec.podLabels.example.com/k``),
+    as in the API server's messages about a custom resource, so both name a field alike."""
     path = ""
     for part in parts:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif _IDENTIFIER.match(part):
-            path += f".{part}" if path else part
-        else:
-            path += f"[{part!r}]"
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
     return path
 
 

@@ -1,6 +1,8 @@
 """Validate objects against the generated CRD the way an API server does: defaults, schema, CEL rules.
 
-The OpenAPI schema is checked with ``jsonschema`` after the schema's defaults are applied, and every
+The OpenAPI schema is checked with ``jsonschema`` after the schema's defaults are applied (its ``pattern``
+matched by RE2, as the API server's Go regexp does: Python's ``$`` would also match before a final
+newline), and every
 ``x-kubernetes-validations`` rule is evaluated with a real CEL interpreter (``celpy``) on the defaulted
 object (transition rules only when an old object is given). Both report (JSON path, message) pairs so
 tests can compare them with :func:`rtj_operator.api.parse_job`'s errors.
@@ -14,7 +16,9 @@ from typing import Any
 
 import celpy
 import jsonschema
+import re2
 import yaml
+from jsonschema import ValidationError, validators
 from rtj_operator.validation import apply_defaults
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,10 +44,19 @@ def _join(parts: list[str | int]) -> str:
     return path
 
 
+def _re2_pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Any:
+    if validator.is_type(instance, "string") and not re2.search(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+# Draft 7 (its integer is any whole number, as the API server's: 1.0 is an integer) with RE2 patterns.
+_Validator = validators.extend(jsonschema.Draft7Validator, {"pattern": _re2_pattern})
+
+
 def schema_errors(obj: dict[str, Any]) -> list[tuple[str, str]]:
     """jsonschema errors of the defaulted object, as (JSON path, message); required fields by their path."""
     schema = openapi_schema()
-    validator = jsonschema.Draft7Validator(schema)
+    validator = _Validator(schema)
     problems: list[tuple[str, str]] = []
     for error in validator.iter_errors(apply_defaults(schema, obj)):
         parts: list[str | int] = list(error.absolute_path)
@@ -103,6 +116,14 @@ def _walk(
         # List items are correlated with old items only for list-maps; our rules on items need none.
         for index, item in enumerate(value):
             _walk(schema["items"], item, None, [*parts, index], problems)
+
+
+def cel_errors_as_written(schema: dict[str, Any], value: Any) -> list[tuple[str, str]]:
+    """Failed CEL rules of ``value`` under ``schema`` with no defaults filled in (how the API server checks
+    a schema's own ``default`` values when the CRD is created)."""
+    problems: list[tuple[str, str]] = []
+    _walk(schema, value, None, [], problems)
+    return problems
 
 
 def crd_errors(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[tuple[str, str]]:

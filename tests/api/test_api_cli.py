@@ -86,3 +86,14 @@ def test_the_standard_library_operator_module_is_not_shadowed() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "site-packages" not in result.stdout and not result.stdout.startswith(str(REPO))
+
+
+def test_rtj_render_accepts_and_refuses_what_the_api_server_does() -> None:
+    manifest = (REPO / "examples" / "local-cpu.yaml").read_text(encoding="utf-8")
+    job = yaml.safe_load(manifest)
+    job["spec"]["nodes"] = 1.0  # an integer to the API server's schema check
+    result = run("render", "-f", "-", stdin=yaml.safe_dump(job))
+    assert result.returncode == 0, result.stderr
+    job["spec"]["env"] = [{"name": "A=B", "value": "1"}]
+    refused = run("render", "-f", "-", stdin=yaml.safe_dump(job))
+    assert refused.returncode != 0 and "spec.env[0].name" in refused.stderr, refused.stderr

@@ -127,7 +127,11 @@ CASES: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("rendezvous-port-too-high", {"spec.rendezvous.port": 70000}, "spec.rendezvous.port", "schema"),
     (
         "env-value-and-value-from",
-        {"spec.env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {}}}]},
+        {
+            "spec.env": [
+                {"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+            ]
+        },
         "spec.env[0]",
         "cel",
     ),
@@ -191,8 +195,8 @@ CASES: list[tuple[str, dict[str, Any], str, str | None]] = [
     (
         "node-selector-key-malformed",
         {"spec.scheduling.nodeSelector": {"bad key": "x"}},
-        "spec.scheduling.nodeSelector['bad key']",
-        None,
+        "spec.scheduling.nodeSelector",
+        "cel",
     ),
     (
         "volume-name-not-a-dns-label",
@@ -214,10 +218,385 @@ CASES: list[tuple[str, dict[str, Any], str, str | None]] = [
 ]
 
 
+# The Kubernetes types the spec embeds, each held to the rule the API server applies to the child it
+# becomes (pkg/apis/core/validation): a spec accepted here never yields a pod or claim the server refuses.
+DATA = [{"name": "data", "emptyDir": {}}]
+BIG = 10**12
+
+
+def _env(**entry: Any) -> dict[str, Any]:
+    return {"spec.env": [{"name": "A", **entry}]}
+
+
+def _value_from(source: dict[str, Any]) -> dict[str, Any]:
+    return _env(valueFrom=source)
+
+
+def _toleration(**fields: Any) -> dict[str, Any]:
+    return {"spec.scheduling.tolerations": [fields]}
+
+
+def _requirement(**fields: Any) -> dict[str, Any]:
+    return {"spec.scheduling.requiredNodeAffinityTerms": [{"matchExpressions": [fields]}]}
+
+
+def _volume(**source: Any) -> dict[str, Any]:
+    return {"spec.volumes": [{"name": "data", **source}]}
+
+
+def _mount(**fields: Any) -> dict[str, Any]:
+    return {"spec.volumes": DATA, "spec.volumeMounts": [{"name": "data", "mountPath": "/data", **fields}]}
+
+
+TOLERATION = "spec.scheduling.tolerations[0]"
+REQUIREMENT = "spec.scheduling.requiredNodeAffinityTerms[0].matchExpressions[0]"
+VALUE_FROM = "spec.env[0].valueFrom"
+LONG_PREFIX_KEY = "a" * 254 + "/key"
+
+EMBEDDED_CASES: list[tuple[str, dict[str, Any], str, str | None]] = [
+    # image
+    ("image-blank", {"spec.image": " "}, "spec.image", "schema"),
+    ("image-trailing-newline", {"spec.image": "trainer:1\n"}, "spec.image", "schema"),
+    ("image-inner-space", {"spec.image": "trainer :1"}, "spec.image", "schema"),
+    # quantities and capacities
+    ("cpu-negative", {"spec.resources.cpu": "-1"}, "spec.resources.cpu", "schema"),
+    ("cpu-explicit-plus-sign", {"spec.resources.cpu": "+4"}, "spec.resources.cpu", "schema"),
+    ("memory-zero", {"spec.resources.memory": "0Gi"}, "spec.resources.memory", "schema"),
+    ("hugepages-negative", {"spec.resources.hugepages2Mi": "-2Mi"}, "spec.resources.hugepages2Mi", "schema"),
+    (
+        "hugepages-not-whole-pages",
+        {"spec.resources.hugepages2Mi": "3Mi"},
+        "spec.resources.hugepages2Mi",
+        "schema",
+    ),
+    ("shm-size-zero", {"spec.resources.shmSize": "0"}, "spec.resources.shmSize", "schema"),
+    (
+        "dynamic-capacity-zero",
+        {"spec.checkpoint.storage.dynamic.capacity": "0"},
+        "spec.checkpoint.storage.dynamic.capacity",
+        "schema",
+    ),
+    (
+        "dynamic-capacity-negative",
+        {"spec.checkpoint.storage.dynamic.capacity": "-1Gi"},
+        "spec.checkpoint.storage.dynamic.capacity",
+        "schema",
+    ),
+    (
+        "fsx-capacity-zero",
+        {"spec.checkpoint.storage": {"fsxStatic": {**FSX, "capacity": "0.0Ti"}}},
+        "spec.checkpoint.storage.fsxStatic.capacity",
+        "schema",
+    ),
+    # names
+    (
+        "storage-class-not-a-dns-subdomain",
+        {"spec.checkpoint.storage.dynamic.storageClassName": "Fast_SSD"},
+        "spec.checkpoint.storage.dynamic.storageClassName",
+        "schema",
+    ),
+    (
+        "priority-class-not-a-name",
+        {"spec.scheduling.priorityClassName": "high priority"},
+        "spec.scheduling.priorityClassName",
+        "schema",
+    ),
+    (
+        "fsx-mount-name-with-a-slash",
+        {"spec.checkpoint.storage": {"fsxStatic": {**FSX, "mountName": "a/b"}}},
+        "spec.checkpoint.storage.fsxStatic.mountName",
+        "schema",
+    ),
+    # integers: int32 fields have explicit bounds (Kubernetes does not enforce a CRD's int32 format)
+    ("nodes-a-fraction", {"spec.nodes": 1.5}, "spec.nodes", "schema"),
+    (
+        "interval-steps-huge",
+        {"spec.checkpoint.intervalSteps": BIG},
+        "spec.checkpoint.intervalSteps",
+        "schema",
+    ),
+    (
+        "heartbeat-timeout-huge",
+        {
+            "spec.faultTolerance.heartbeatTimeoutSeconds": BIG,
+            "spec.faultTolerance.initialHeartbeatTimeoutSeconds": BIG,
+        },
+        "spec.faultTolerance.heartbeatTimeoutSeconds",
+        "schema",
+    ),
+    ("ttl-huge", {"spec.ttlSecondsAfterFinished": BIG}, "spec.ttlSecondsAfterFinished", "schema"),
+    (
+        "max-node-replacements-huge",
+        {"spec.failurePolicy.maxNodeReplacements": BIG},
+        "spec.failurePolicy.maxNodeReplacements",
+        "schema",
+    ),
+    (
+        "barrier-timeout-huge",
+        {"spec.faultTolerance.inProcess": {"barrierTimeoutSeconds": BIG}},
+        "spec.faultTolerance.inProcess.barrierTimeoutSeconds",
+        "schema",
+    ),
+    # env
+    ("env-name-with-a-newline", _env(name="A\nB", value="1"), "spec.env[0].name", "schema"),
+    ("env-name-with-equals", _env(name="A=B", value="1"), "spec.env[0].name", "schema"),
+    ("env-name-starting-with-a-digit", _env(name="1A", value="1"), "spec.env[0].name", "schema"),
+    ("env-name-starting-with-dot-dot", _env(name="..A", value="1"), "spec.env[0].name", "schema"),
+    ("value-from-no-source", _value_from({}), VALUE_FROM, "cel"),
+    (
+        "value-from-two-sources",
+        _value_from({"fieldRef": {"fieldPath": "metadata.name"}, "secretKeyRef": {"name": "s", "key": "k"}}),
+        VALUE_FROM,
+        "cel",
+    ),
+    # An unknown source is an unknown field to parse_job; the API server prunes it (or refuses it under
+    # strict field validation), and then valueFrom has no source.
+    (
+        "value-from-unknown-source",
+        _value_from({"fileKeyRef": {"path": "a"}}),
+        f"{VALUE_FROM}.fileKeyRef",
+        None,
+    ),
+    (
+        "field-ref-unknown-path",
+        _value_from({"fieldRef": {"fieldPath": "spec.hostname"}}),
+        f"{VALUE_FROM}.fieldRef.fieldPath",
+        "schema",
+    ),
+    (
+        "field-ref-label-key-malformed",
+        _value_from({"fieldRef": {"fieldPath": "metadata.labels['a b']"}}),
+        f"{VALUE_FROM}.fieldRef.fieldPath",
+        "schema",
+    ),
+    (
+        "field-ref-api-version-unknown",
+        _value_from({"fieldRef": {"apiVersion": "v2", "fieldPath": "metadata.name"}}),
+        f"{VALUE_FROM}.fieldRef.apiVersion",
+        "schema",
+    ),
+    (
+        "resource-field-ref-unknown-resource",
+        _value_from({"resourceFieldRef": {"resource": "limits.nvidia.com/gpu"}}),
+        f"{VALUE_FROM}.resourceFieldRef.resource",
+        "schema",
+    ),
+    (
+        "resource-field-ref-cpu-divisor-in-bytes",
+        _value_from({"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1Ki"}}),
+        f"{VALUE_FROM}.resourceFieldRef.divisor",
+        "cel",
+    ),
+    (
+        "config-map-key-with-a-slash",
+        _value_from({"configMapKeyRef": {"name": "cm", "key": "a/b"}}),
+        f"{VALUE_FROM}.configMapKeyRef.key",
+        "schema",
+    ),
+    (
+        "secret-name-not-a-dns-subdomain",
+        _value_from({"secretKeyRef": {"name": "My_Secret", "key": "k"}}),
+        f"{VALUE_FROM}.secretKeyRef.name",
+        "schema",
+    ),
+    (
+        "secret-key-missing",
+        _value_from({"secretKeyRef": {"name": "s"}}),
+        f"{VALUE_FROM}.secretKeyRef.key",
+        "schema",
+    ),
+    # tolerations
+    (
+        "toleration-exists-with-a-value",
+        _toleration(key="k", operator="Exists", value="v"),
+        f"{TOLERATION}.value",
+        "cel",
+    ),
+    ("toleration-empty-key-equal", _toleration(operator="Equal", value="v"), f"{TOLERATION}.operator", "cel"),
+    (
+        "toleration-seconds-without-no-execute",
+        _toleration(key="k", operator="Exists", effect="NoSchedule", tolerationSeconds=5),
+        f"{TOLERATION}.effect",
+        "cel",
+    ),
+    (
+        "toleration-key-malformed",
+        _toleration(key="bad key", operator="Exists"),
+        f"{TOLERATION}.key",
+        "schema",
+    ),
+    (
+        "toleration-key-prefix-too-long",
+        _toleration(key=LONG_PREFIX_KEY, operator="Exists"),
+        f"{TOLERATION}.key",
+        "cel",
+    ),
+    (
+        "toleration-operator-unknown",
+        _toleration(key="k", operator="Gt", value="1"),
+        f"{TOLERATION}.operator",
+        "schema",
+    ),
+    (
+        "toleration-value-not-a-label-value",
+        _toleration(key="k", value="a b"),
+        f"{TOLERATION}.value",
+        "schema",
+    ),
+    (
+        "toleration-seconds-negative",
+        _toleration(key="k", operator="Exists", effect="NoExecute", tolerationSeconds=-1),
+        f"{TOLERATION}.tolerationSeconds",
+        "schema",
+    ),
+    # node affinity terms and node selector
+    ("requirement-in-without-values", _requirement(key="k", operator="In"), f"{REQUIREMENT}.values", "cel"),
+    (
+        "requirement-exists-with-values",
+        _requirement(key="k", operator="Exists", values=["a"]),
+        f"{REQUIREMENT}.values",
+        "cel",
+    ),
+    (
+        "requirement-gt-not-an-integer",
+        _requirement(key="k", operator="Gt", values=["ten"]),
+        f"{REQUIREMENT}.values",
+        "cel",
+    ),
+    ("requirement-key-malformed", _requirement(key="-k", operator="Exists"), f"{REQUIREMENT}.key", "schema"),
+    (
+        "requirement-key-prefix-too-long",
+        _requirement(key=LONG_PREFIX_KEY, operator="Exists"),
+        f"{REQUIREMENT}.key",
+        "cel",
+    ),
+    (
+        "affinity-term-without-requirements",
+        {"spec.scheduling.requiredNodeAffinityTerms": [{"matchExpressions": []}]},
+        "spec.scheduling.requiredNodeAffinityTerms[0].matchExpressions",
+        "schema",
+    ),
+    (
+        "node-selector-key-prefix-too-long",
+        {"spec.scheduling.nodeSelector": {LONG_PREFIX_KEY: "x"}},
+        "spec.scheduling.nodeSelector",
+        "cel",
+    ),
+    (
+        "node-selector-value-too-long",
+        {"spec.scheduling.nodeSelector": {"team": "a" * 64}},
+        "spec.scheduling.nodeSelector.team",
+        "schema",
+    ),
+    # pod labels and annotations
+    ("pod-label-key-name-too-long", {"spec.podLabels": {"a" * 64: "x"}}, "spec.podLabels", "cel"),
+    ("pod-annotation-key-malformed", {"spec.podAnnotations": {"note!": "x"}}, "spec.podAnnotations", "cel"),
+    # volumes
+    ("volume-without-a-source", _volume(), "spec.volumes[0]", "cel"),
+    (
+        "volume-with-two-sources",
+        _volume(emptyDir={}, persistentVolumeClaim={"claimName": "c"}),
+        "spec.volumes[0]",
+        "cel",
+    ),
+    ("volume-names-duplicate", {"spec.volumes": DATA + DATA}, "spec.volumes", "cel"),
+    (
+        "config-map-item-path-backstep",
+        _volume(configMap={"name": "cm", "items": [{"key": "k", "path": "a/../../etc"}]}),
+        "spec.volumes[0].configMap.items[0].path",
+        "cel",
+    ),
+    (
+        "config-map-item-path-absolute",
+        _volume(configMap={"name": "cm", "items": [{"key": "k", "path": "/etc/k"}]}),
+        "spec.volumes[0].configMap.items[0].path",
+        "schema",
+    ),
+    (
+        "secret-default-mode-too-high",
+        _volume(secret={"secretName": "s", "defaultMode": 0o1000}),
+        "spec.volumes[0].secret.defaultMode",
+        "schema",
+    ),
+    (
+        "host-path-backstep",
+        _volume(hostPath={"path": "/data/../etc"}),
+        "spec.volumes[0].hostPath.path",
+        "cel",
+    ),
+    (
+        "host-path-type-unknown",
+        _volume(hostPath={"path": "/d", "type": "Dir"}),
+        "spec.volumes[0].hostPath.type",
+        "schema",
+    ),
+    (
+        "empty-dir-size-limit-negative",
+        _volume(emptyDir={"sizeLimit": "-1Gi"}),
+        "spec.volumes[0].emptyDir.sizeLimit",
+        "schema",
+    ),
+    (
+        "empty-dir-medium-unknown",
+        _volume(emptyDir={"medium": "Tape"}),
+        "spec.volumes[0].emptyDir.medium",
+        "schema",
+    ),
+    (
+        "nfs-path-relative",
+        _volume(nfs={"server": "nfs", "path": "export"}),
+        "spec.volumes[0].nfs.path",
+        "schema",
+    ),
+    ("csi-driver-malformed", _volume(csi={"driver": "my_driver"}), "spec.volumes[0].csi.driver", "schema"),
+    (
+        "claim-name-empty",
+        _volume(persistentVolumeClaim={"claimName": ""}),
+        "spec.volumes[0].persistentVolumeClaim.claimName",
+        "schema",
+    ),
+    # volume mounts
+    (
+        "checkpoint-mount-path-over-dev-shm",
+        {"spec.checkpoint.mountPath": "/dev/shm"},
+        "spec.checkpoint.mountPath",
+        "cel",
+    ),
+    ("mount-path-relative", _mount(mountPath="data"), "spec.volumeMounts[0].mountPath", "schema"),
+    (
+        "mount-paths-duplicate",
+        {"spec.volumes": DATA, "spec.volumeMounts": [{"name": "data", "mountPath": "/d"}] * 2},
+        "spec.volumeMounts",
+        "cel",
+    ),
+    ("mount-sub-path-backstep", _mount(subPath="a/.."), "spec.volumeMounts[0].subPath", "cel"),
+    ("mount-sub-path-absolute", _mount(subPath="/a"), "spec.volumeMounts[0].subPath", "schema"),
+    (
+        "mount-sub-path-and-expression",
+        _mount(subPath="a", subPathExpr="$(POD_NAME)"),
+        "spec.volumeMounts[0].subPathExpr",
+        "cel",
+    ),
+    (
+        "mount-propagation-bidirectional",
+        _mount(mountPropagation="Bidirectional"),
+        "spec.volumeMounts[0].mountPropagation",
+        "schema",
+    ),
+    (
+        "mount-recursive-read-only-not-read-only",
+        _mount(recursiveReadOnly="Enabled"),
+        "spec.volumeMounts[0].recursiveReadOnly",
+        "cel",
+    ),
+]
+CASES += EMBEDDED_CASES
+
+
 def _job_with(changes: dict[str, Any]) -> dict[str, Any]:
     job = valid_job()
     for path, value in changes.items():
-        _set(job, path, copy.deepcopy(value))
+        _set(job, path, value if value is _DELETE else copy.deepcopy(value))
     return job
 
 
@@ -229,6 +608,16 @@ def test_the_base_job_is_valid_for_both() -> None:
 def test_there_are_at_least_25_cases() -> None:
     assert len(CASES) >= 25
     assert sum(1 for case in CASES if case[3] == "cel") >= 10
+
+
+def test_at_least_40_cases_cover_the_embedded_kubernetes_types() -> None:
+    refused_at_apply = [case for case in EMBEDDED_CASES if case[3]]
+    assert len(refused_at_apply) >= 40
+    fields = " ".join(case[2] for case in refused_at_apply)
+    for kind in ("image", "env", "valueFrom", "volumes", "volumeMounts", "tolerations", "nodeSelector",
+                 "matchExpressions", "resources", "capacity", "storageClassName", "priorityClassName",
+                 "podLabels", "podAnnotations"):  # fmt: skip
+        assert kind in fields, kind
 
 
 @pytest.mark.parametrize(("changes", "field"), [(c[1], c[2]) for c in CASES], ids=[c[0] for c in CASES])
@@ -284,3 +673,14 @@ def test_mutable_fields_may_change() -> None:
     new = _job_with({"spec.suspend": True, "spec.hotSpares": 1, "spec.checkpoint.keep": 5})
     api.check_update(api.parse_job(old), api.parse_job(new))
     assert crd_errors(new, old) == []
+
+
+def test_a_whole_float_is_an_integer_for_both() -> None:
+    # The API server's schema check takes 2.0 for an integer (and stores 2): so does parse_job.
+    job = _job_with(
+        {"spec.nodes": 2.0, "spec.rendezvous.port": 29500.0, "spec.terminationGracePeriodSeconds": 30.0}
+    )
+    assert crd_errors(job) == []
+    spec = api.parse_job(job).spec
+    assert (spec.nodes, spec.rendezvous.port, spec.termination_grace_period_seconds) == (2, 29500, 30)
+    assert isinstance(spec.nodes, int)

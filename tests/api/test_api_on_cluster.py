@@ -2,12 +2,14 @@
 
 The cluster stores a job with exactly the defaults the schema declares (what parse_job fills in), prints
 the promised columns, answers to the short name and the category, and rejects an invalid job with a
-message naming the field.
+message naming the field: every case of the invalid-spec table that the CRD refuses is refused at apply,
+naming the same field as parse_job.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -19,6 +21,7 @@ from rtj_localcluster.binaries import program
 from rtj_localcluster.testing import kubectl
 from rtj_operator import api
 from rtj_operator.validation import apply_defaults
+from test_api_invalid_specs import CASES, _job_with
 
 pytestmark = pytest.mark.slow
 
@@ -92,3 +95,43 @@ def test_an_invalid_job_is_rejected_naming_the_field(
     assert "spec.nodes" in result.stderr and "spec.checkpoint.mode" in result.stderr, result.stderr
     missing = kubectl(kubeconfig, "get", "rtj", "invalid", "-n", namespace, "--ignore-not-found")
     assert missing == ""
+
+
+def test_every_invalid_spec_of_the_table_is_refused_at_apply_naming_the_field(
+    kubeconfig: Path, tmp_path: Path, namespace: str
+) -> None:
+    cases = [case for case in CASES if case[3] and not any(p.startswith("metadata.") for p in case[1])]
+    jobs = []
+    for index, (_, changes, _, _) in enumerate(cases):
+        job = _job_with(changes)
+        job["metadata"] = {"name": f"bad-{index}", "namespace": namespace}
+        if "spec.suspend" not in changes:
+            job["spec"]["suspend"] = True  # should one be accepted, an operator must not start it
+        jobs.append(job)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump_all(jobs), encoding="utf-8")
+    # One apply of every case: kubectl goes on after a refusal and reports each object's own errors.
+    result = subprocess.run(
+        [str(program("kubectl")), f"--kubeconfig={kubeconfig}", "apply", "-f", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode != 0
+    refusals: dict[str, str] = {}
+    for match in re.finditer(
+        r'"(bad-\d+)" is invalid: (.*?)(?=\n\S.*"bad-\d+" is invalid:|\Z)', result.stderr, re.S
+    ):
+        refusals[match.group(1)] = match.group(2)
+    missed = []
+    for index, (case_id, _, field, _) in enumerate(cases):
+        with pytest.raises(api.JobValidationError) as raised:
+            api.parse_job(jobs[index])
+        assert field in raised.value.paths, (case_id, raised.value.problems)
+        refusal = refusals.get(f"bad-{index}", "")
+        if f"{field}:" not in refusal:
+            missed.append(f"{case_id}: wanted {field}, got {refusal or 'accepted'!r}")
+    assert not missed, "\n".join(missed)
+    stored = kubectl(kubeconfig, "get", "rtj", "-n", namespace, "-o", "name")
+    assert stored.split() == [], stored

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import kubernetes_validate
 import pytest
 from rtj_operator import api, constants, profiles, render
 from rtj_trainer import env as trainer_env
@@ -325,3 +326,66 @@ def test_the_operator_and_the_trainer_name_the_same_environment() -> None:
     # Everything but the user's fault plan is rendered on a worker.
     rendered = {e["name"] for e in render.render_worker_pod(job(), 0)["spec"]["containers"][0]["env"]}
     assert set(constants.ENV_CONTRACT) - rendered == {constants.ENV_FAULTS}
+
+
+# Every embedded Kubernetes type at once, each source and option that the API accepts.
+EVERY_EMBEDDED_TYPE: dict[str, Any] = {
+    "env": [
+        {"name": "PLAIN", "value": "1"},
+        {"name": "my.var-1",
+         "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.labels['app']"}}},
+        {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1m"}}},
+        {"name": "CM", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "lr", "optional": True}}},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+    ],
+    "volumes": [
+        {"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+        {"name": "cm",
+         "configMap": {"name": "settings", "items": [{"key": "a", "path": "conf/a", "mode": 0o600}]}},
+        {"name": "secret", "secret": {"secretName": "hf", "defaultMode": 0o400}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}},
+        {"name": "host", "hostPath": {"path": "/var/log/train", "type": "DirectoryOrCreate"}},
+        {"name": "nfs", "nfs": {"server": "10.0.0.5", "path": "/exports/data"}},
+        {"name": "csi", "csi": {"driver": "fsx.csi.aws.com", "volumeAttributes": {"a": "b"}}},
+    ],
+    "volumeMounts": [
+        {"name": "scratch", "mountPath": "/scratch"},
+        {"name": "cm", "mountPath": "/etc/train", "readOnly": True, "recursiveReadOnly": "IfPossible"},
+        {"name": "data", "mountPath": "/data", "subPath": "imagenet", "mountPropagation": "HostToContainer"},
+        {"name": "host", "mountPath": "/logs", "subPathExpr": "$(POD_NAME)"},
+    ],
+    "scheduling": {
+        "nodeSelector": {"topology.kubernetes.io/zone": "us-east-1a"},
+        "tolerations": [
+            {"operator": "Exists"},
+            {"key": "example.com/maintenance", "operator": "Equal", "value": "soon", "effect": "NoExecute",
+             "tolerationSeconds": 60},
+        ],
+        "requiredNodeAffinityTerms": [
+            {"matchExpressions": [
+                {"key": "example.com/generation", "operator": "Gt", "values": ["4"]},
+                {"key": "example.com/reserved", "operator": "DoesNotExist"},
+            ]}
+        ],
+        "priorityClassName": "training-high",
+    },
+    "podLabels": {"example.com/team": "ml"},
+    "podAnnotations": {"example.com/Note": "any text"},
+}  # fmt: skip
+
+
+def test_every_embedded_type_renders_children_valid_for_kubernetes() -> None:
+    objects = render.render(job(**EVERY_EMBEDDED_TYPE), uid=UID)
+    for obj in objects:
+        kubernetes_validate.validate(obj, "1.32", strict=True)
+    pod = by_kind_name(objects)[("Pod", "llm-worker-0")]
+    container = pod["spec"]["containers"][0]
+    # Each entry is copied as given, and nothing the user did not write is added.
+    for entry in EVERY_EMBEDDED_TYPE["env"]:
+        assert entry in container["env"]
+    for volume in EVERY_EMBEDDED_TYPE["volumes"]:
+        assert volume in pod["spec"]["volumes"]
+    for mount in EVERY_EMBEDDED_TYPE["volumeMounts"]:
+        assert mount in container["volumeMounts"]
+    for toleration in EVERY_EMBEDDED_TYPE["scheduling"]["tolerations"]:
+        assert toleration in pod["spec"]["tolerations"]

@@ -185,22 +185,214 @@ def _put(obj: dict[str, Any], path: str, value: Any) -> None:
 _MISSING = object()
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Fragments of the embedded Kubernetes types, drawn from values on both sides of each rule: names and
+# keys that are, or just are not, what Kubernetes accepts; quantities with signs and zeros; integers as
+# floats and out of range; paths with backsteps; tolerations, requirements, env sources and volumes whose
+# fields contradict each other now and then. (No unknown fields: the API server prunes those.)
+LONG_PREFIX_KEY = "a" * 254 + "/k"
+ENV_NAMES = ["A", "MY_VAR", "my.var-1", ".a", "1A", "A=B", "A\nB", "A\n", "..A", ".", "", "A B"]
+LABEL_KEYS = [
+    "k",
+    "team",
+    "example.com/k",
+    "a/b",
+    "A.com/k",
+    "a" * 63,
+    "a" * 64,
+    LONG_PREFIX_KEY,
+    "bad key",
+    "-k",
+]
+LABEL_VALUES = ["", "v", "a.b", "a b", "a" * 63, "a" * 64, "-v", "10", "v\n"]
+QUANTITIES = [
+    "1",
+    "0",
+    "-1",
+    "+1",
+    "1.5",
+    ".5",
+    "0.0",
+    "1Gi",
+    "0Gi",
+    "-1Gi",
+    "1e3",
+    "1E",
+    "500m",
+    "lots",
+    "1 Gi",
+]
+INTS = [0, 1, 5, -1, 1.0, 2.5, 10**12, 2**31, True, "1"]
+PATHS = ["/d", "/data/x", "d", "a/b", "/a/../b", "a/..", "..a", "../a", "", "/", "/d\n"]
+NAMES = ["data", "cm", "My_Name", "a.b", "", "-a", "a" * 64]
+
+
+def _maybe(value: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(st.just(_MISSING), value)
+
+
+def _fields(**strategies: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Objects whose fields are each present or missing."""
+    keys = list(strategies)
+    return st.tuples(*(_maybe(strategies[k]) for k in keys)).map(
+        lambda values: {k: v for k, v in zip(keys, values, strict=True) if v is not _MISSING}
+    )
+
+
+TOLERATIONS = _fields(
+    key=st.sampled_from(["", "k", "example.com/k", "bad key", LONG_PREFIX_KEY]),
+    operator=st.sampled_from(["Exists", "Equal", "Gt"]),
+    value=st.sampled_from(LABEL_VALUES),
+    effect=st.sampled_from(["NoSchedule", "NoExecute", "Never"]),
+    tolerationSeconds=st.sampled_from(INTS),
+)
+REQUIREMENTS = _fields(
+    key=st.sampled_from(LABEL_KEYS),
+    operator=st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt", "Near"]),
+    values=st.lists(st.sampled_from([*LABEL_VALUES, "12"]), max_size=2),
+)
+VALUE_SOURCES = st.one_of(
+    _fields(
+        fieldRef=_fields(
+            apiVersion=st.sampled_from(["v1", "v2"]),
+            fieldPath=st.sampled_from(
+                [
+                    "metadata.name",
+                    "status.podIP",
+                    "spec.hostname",
+                    "metadata.labels['app']",
+                    "metadata.labels['a b']",
+                ]
+            ),
+        )
+    ),
+    _fields(
+        resourceFieldRef=_fields(
+            resource=st.sampled_from(["limits.cpu", "requests.memory", "limits.hugepages-2Mi", "limits.gpu"]),
+            divisor=st.sampled_from(["1", "1m", "1Mi", "-1", "2"]),
+            containerName=st.sampled_from(["trainer", "Trainer"]),
+        )
+    ),
+    _fields(
+        configMapKeyRef=_fields(name=st.sampled_from(NAMES), key=st.sampled_from(["k", "a/b", "..k", ".k"]))
+    ),
+    _fields(
+        secretKeyRef=_fields(
+            name=st.sampled_from(NAMES),
+            key=st.sampled_from(["k", "a/b"]),
+            optional=st.sampled_from([True, "yes"]),
+        )
+    ),
+)
+ENV = _fields(name=st.sampled_from(ENV_NAMES), value=st.sampled_from(["1", ""]), valueFrom=VALUE_SOURCES)
+ITEMS = st.lists(
+    _fields(
+        key=st.sampled_from(["k", "a/b"]),
+        path=st.sampled_from(PATHS),
+        mode=st.sampled_from([0o644, 0o1000, -1, 1.0]),
+    ),
+    max_size=2,
+)
+VOLUME_SOURCES = _fields(
+    emptyDir=_fields(
+        medium=st.sampled_from(["Memory", "Tape", "HugePages-2Mi"]), sizeLimit=st.sampled_from(QUANTITIES)
+    ),
+    configMap=_fields(name=st.sampled_from(NAMES), items=ITEMS, defaultMode=st.sampled_from(INTS)),
+    secret=_fields(secretName=st.sampled_from(NAMES), items=ITEMS),
+    persistentVolumeClaim=_fields(claimName=st.sampled_from(NAMES), readOnly=st.booleans()),
+    hostPath=_fields(path=st.sampled_from(PATHS), type=st.sampled_from(["Directory", "Dir"])),
+    nfs=_fields(server=st.sampled_from(["nfs.example", "10.0.0.1", "a b"]), path=st.sampled_from(PATHS)),
+    csi=_fields(
+        driver=st.sampled_from(["fsx.csi.aws.com", "my_driver"]),
+        volumeAttributes=st.dictionaries(
+            st.sampled_from(["a", "b"]), st.sampled_from(["1", "x"]), max_size=2
+        ),
+    ),
+)
+VOLUMES = st.lists(
+    st.builds(
+        lambda name, source: {"name": name, **source},
+        st.sampled_from(["data", "logs", "Data"]),
+        VOLUME_SOURCES,
+    ),
+    max_size=2,
+)
+MOUNTS = st.lists(
+    st.builds(
+        lambda name, rest: {"name": name, **rest},
+        st.sampled_from(["data", "logs"]),
+        _fields(
+            mountPath=st.sampled_from(PATHS),
+            readOnly=st.sampled_from([True, False, 1]),
+            subPath=st.sampled_from(PATHS),
+            subPathExpr=st.sampled_from(["$(POD_NAME)", "../x"]),
+            mountPropagation=st.sampled_from(["None", "HostToContainer", "Bidirectional"]),
+            recursiveReadOnly=st.sampled_from(["Disabled", "IfPossible", "Enabled"]),
+        ),
+    ),
+    max_size=2,
+)
+LABELS = st.dictionaries(st.sampled_from(LABEL_KEYS), st.sampled_from(LABEL_VALUES), max_size=2)
+EMBEDDED: dict[str, st.SearchStrategy[Any]] = {
+    "spec.image": st.sampled_from(["trainer:1", " ", "trainer :1", "trainer:1\n", "", "ré:1"]),
+    "spec.nodes": st.sampled_from([*INTS, 2.0, 1024, 1025]),
+    "spec.checkpoint.intervalSteps": st.sampled_from(INTS),
+    "spec.ttlSecondsAfterFinished": st.sampled_from(INTS),
+    "spec.resources.cpu": st.sampled_from(QUANTITIES),
+    "spec.resources.memory": st.sampled_from(QUANTITIES),
+    "spec.resources.hugepages2Mi": st.sampled_from([*QUANTITIES, "2Mi", "3Mi", "5120Mi", "1Gi", "1.5Gi"]),
+    "spec.checkpoint.storage": st.one_of(
+        _fields(
+            dynamic=_fields(
+                storageClassName=st.sampled_from(["", "fsx-sc", "Fast_SSD", "a.b"]),
+                capacity=st.sampled_from(QUANTITIES),
+            )
+        ),
+        _fields(existingClaim=_fields(claimName=st.sampled_from(NAMES))),
+    ),
+    "spec.scheduling.priorityClassName": st.sampled_from(["", "high", "High Priority", "a.b"]),
+    "spec.scheduling.nodeSelector": LABELS,
+    "spec.scheduling.tolerations": st.lists(TOLERATIONS, max_size=2),
+    "spec.scheduling.requiredNodeAffinityTerms": st.lists(
+        st.builds(lambda exprs: {"matchExpressions": exprs}, st.lists(REQUIREMENTS, max_size=2)), max_size=2
+    ),
+    "spec.env": st.lists(ENV, max_size=2),
+    "spec.volumes": VOLUMES,
+    "spec.volumeMounts": MOUNTS,
+    "spec.podLabels": LABELS,
+    "spec.podAnnotations": st.dictionaries(
+        st.sampled_from(LABEL_KEYS), st.sampled_from(["x", ""]), max_size=2
+    ),
+}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     body=jobs(),
     donor=jobs(),
     leaves=st.lists(st.sampled_from(LEAVES), min_size=1, max_size=4, unique=True),
     garbage=st.one_of(st.none(), st.tuples(st.sampled_from(LEAVES), ANY_VALUE)),
+    embedded=st.lists(
+        st.sampled_from(sorted(EMBEDDED)).flatmap(lambda path: st.tuples(st.just(path), EMBEDDED[path])),
+        max_size=3,
+    ),
 )
 def test_parse_job_and_the_crd_agree_on_what_is_valid(
-    body: dict[str, Any], donor: dict[str, Any], leaves: list[str], garbage: tuple[str, Any] | None
+    body: dict[str, Any],
+    donor: dict[str, Any],
+    leaves: list[str],
+    garbage: tuple[str, Any] | None,
+    embedded: list[tuple[str, Any]],
 ) -> None:
+    """parse_job (`rtj render`, the operator) accepts exactly the specs the API server's schema and CEL do."""
     # Values from another valid job are plausible one by one and break cross-field rules now and then;
-    # an occasional arbitrary value breaks types and bounds.
+    # an occasional arbitrary value breaks types and bounds; the embedded Kubernetes types get values from
+    # both sides of each of their rules.
     for path in leaves:
         _put(body, path, _get(donor, path))
     if garbage is not None:
         _put(body, *garbage)
+    for path, value in embedded:
+        _put(body, path, value)
     crd = crd_errors(body)
     event("rejected" if crd else "accepted")
     try:

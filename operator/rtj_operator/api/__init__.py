@@ -4,11 +4,26 @@ The models are the single source of the schema: :func:`crd` walks them into the 
 (a structural OpenAPI v3 schema with defaults, user-facing descriptions and CEL rules) and
 :func:`parse_job` validates a body in Python with the same rules. This facade re-exports the public
 names; the layers underneath are :mod:`~rtj_operator.api.schema` (markers, bases, the schema walker),
-:mod:`~rtj_operator.api.spec` and :mod:`~rtj_operator.api.status` (the models) and
+:mod:`~rtj_operator.api.spec` and :mod:`~rtj_operator.api.status` (the models; the Kubernetes types the spec
+embeds, and Kubernetes' name and quantity grammars, are :mod:`~rtj_operator.api.corev1`) and
 :mod:`~rtj_operator.api.job` (the object, parsing, the CRD). :mod:`rtj_operator.render` turns a parsed
 job into its child objects and :mod:`rtj_operator.profiles` sizes its pods.
 """
 
+from rtj_operator.api.corev1 import (
+    POSITIVE_QUANTITY_PATTERN,
+    QUANTITY_PATTERN,
+    EnvVar,
+    EnvVarSource,
+    NodeSelectorOperator,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    TaintEffect,
+    Toleration,
+    TolerationOperator,
+    Volume,
+    VolumeMount,
+)
 from rtj_operator.api.job import ObjectMeta, ResilientTrainingJob, check_update, crd, crd_yaml, parse_job
 from rtj_operator.api.schema import CelRule
 from rtj_operator.api.spec import (
@@ -16,33 +31,23 @@ from rtj_operator.api.spec import (
     JOB_NAME_PATTERN,
     KNOWN_INSTANCE_TYPES,
     MAX_JOB_NAME_LENGTH,
-    QUANTITY_PATTERN,
     SHM_MOUNT_PATH,
     SHM_VOLUME,
     CheckpointMode,
     CheckpointSpec,
     DynamicStorage,
-    EnvVar,
     ExistingClaimStorage,
     FailurePolicy,
     FaultTolerance,
     FsxStaticStorage,
     ImagePullPolicy,
     InProcessRestart,
-    NodeSelectorOperator,
-    NodeSelectorRequirement,
-    NodeSelectorTerm,
     RendezvousSpec,
     ResilientTrainingJobSpec,
     ResourceOverrides,
     RetentionPolicy,
     SchedulingSpec,
     StorageSpec,
-    TaintEffect,
-    Toleration,
-    TolerationOperator,
-    Volume,
-    VolumeMount,
 )
 from rtj_operator.api.status import (
     CheckpointStatus,
@@ -65,6 +70,7 @@ __all__ = [
     "JOB_NAME_PATTERN",
     "KNOWN_INSTANCE_TYPES",
     "MAX_JOB_NAME_LENGTH",
+    "POSITIVE_QUANTITY_PATTERN",
     "QUANTITY_PATTERN",
     "SHM_MOUNT_PATH",
     "SHM_VOLUME",
@@ -77,6 +83,7 @@ __all__ = [
     "DynamicStorage",
     "EntryState",
     "EnvVar",
+    "EnvVarSource",
     "ExcludedNode",
     "ExistingClaimStorage",
     "FailurePolicy",

@@ -18,13 +18,17 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Self
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Strict, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from rtj_operator.validation import RuleViolationError
 
 __all__ = [
+    "INT32_MAX",
+    "INT32_MIN",
+    "INT64_MAX",
+    "INT64_MIN",
     "ApiModel",
     "CelRule",
     "DateTime",
@@ -67,8 +71,30 @@ class CelRule(NamedTuple):
     field_path: str = ""
 
 
-Int32 = Annotated[int, Strict()]
-Int64 = Annotated[int, Strict(), SchemaExtra({"format": "int64"})]
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+# The API server reads a schema's bounds as float64, and 2^63 - 1 rounds to 2^63, which it refuses as the
+# maximum of an int64 field (and so every object): int64 fields stay within the integers a float64 holds
+# exactly.
+INT64_MIN, INT64_MAX = -(2**53 - 1), 2**53 - 1
+
+
+def _whole_number(value: Any) -> Any:
+    """A float with no fraction (``nodes: 1.0``) is an integer, as the API server's schema check says."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Kubernetes does not hold CRD integers to their format's range: each carries explicit bounds, the
+# format's unless the field narrows them (a field's ge/le come after these and win in the schema).
+Int32 = Annotated[int, BeforeValidator(_whole_number), Strict(), Field(ge=INT32_MIN, le=INT32_MAX)]
+Int64 = Annotated[
+    int,
+    BeforeValidator(_whole_number),
+    Strict(),
+    Field(ge=INT64_MIN, le=INT64_MAX),
+    SchemaExtra({"format": "int64"}),
+]
 Flag = Annotated[bool, Strict()]
 DateTime = Annotated[str, SchemaExtra({"format": "date-time"})]
 
@@ -139,10 +165,11 @@ def _constraints(node: dict[str, Any], metadata: list[Any]) -> None:
     """Translate pydantic/annotated-types constraints and schema markers into OpenAPI keywords."""
     kind = str(node.get("type"))
     for item in metadata:
+        # Every bound holds in pydantic: the schema keeps the tightest (a field's own, over its type's).
         if isinstance(item, annotated_types.Ge):
-            node["minimum"] = item.ge
+            node["minimum"] = max(node.get("minimum", item.ge), item.ge)
         elif isinstance(item, annotated_types.Le):
-            node["maximum"] = item.le
+            node["maximum"] = min(node.get("maximum", item.le), item.le)
         elif isinstance(item, annotated_types.MinLen):
             if item.min_length:
                 node[{"string": "minLength", "array": "minItems", "object": "minProperties"}[kind]] = (
@@ -198,9 +225,10 @@ def _type_schema(annotation: Any, metadata: list[Any]) -> dict[str, Any]:
 def _default_value(info: FieldInfo) -> Any:
     value = info.get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
-        # Spelled out in full: the API server checks a default against the object's CEL rules as
-        # written, before nested defaults fill it in, so `{}` would fail rules that read its fields.
-        return value.model_dump(by_alias=True, mode="json", exclude_none=True)
+        # The whole defaulted object, not {}: the API server checks a default against the CEL rules as
+        # written, without filling in the defaults nested in it, and {} would break every rule that
+        # compares two of its fields (the CRD would be refused).
+        return value.model_dump(by_alias=True, exclude_none=True, mode="json")
     if isinstance(value, enum.Enum):
         return value.value
     return value

@@ -7,12 +7,28 @@ docs/api.md); it starts with the JSON name, gives the default and says optional 
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import ConfigDict, Field, Strict
+from pydantic import Field, Strict
 
 from rtj_operator import constants
-from rtj_operator.api.schema import ApiModel, CelRule, Flag, Immutable, Int32, Int64, SchemaExtra
+from rtj_operator.api.corev1 import (
+    LABEL_VALUE_PATTERN,
+    AbsolutePath,
+    EnvVar,
+    Image,
+    LabelValue,
+    MapKey,
+    Name,
+    NodeSelectorTerm,
+    OptionalName,
+    PositiveQuantity,
+    Toleration,
+    Volume,
+    VolumeMount,
+    keys_are_qualified_names,
+)
+from rtj_operator.api.schema import ApiModel, CelRule, Flag, Immutable, Int32, Int64
 
 # type is accepted when spec.resources gives at least cpu and memory.
 KNOWN_INSTANCE_TYPES: tuple[str, ...] = (
@@ -33,41 +49,15 @@ SHM_MOUNT_PATH: str = "/dev/shm"
 MAX_JOB_NAME_LENGTH: int = 50
 JOB_NAME_PATTERN: str = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
-# Kubernetes' own grammar for resource quantities (apimachinery resource.Quantity).
-QUANTITY_PATTERN: str = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
-
-
-# Every string has a maxLength: the API server's CEL cost estimate needs one.
-# Kubernetes' name grammars (apimachinery validation): DNS labels and subdomains, qualified names (label
-# and annotation keys: an optional DNS-subdomain prefix and a name), label values.
-DNS_LABEL_PATTERN: str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN_PATTERN: str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-QUALIFIED_NAME_PATTERN: str = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-LABEL_VALUE_PATTERN: str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-
-Name = Annotated[str, Strict(), Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
-OptionalName = Annotated[str, Strict(), Field(max_length=253)]
-DnsLabel = Annotated[str, Strict(), Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
-Quantity = Annotated[str, Strict(), Field(max_length=64, pattern=QUANTITY_PATTERN)]
-LabelKey = Annotated[str, Strict(), Field(min_length=1, max_length=317, pattern=QUALIFIED_NAME_PATTERN)]
-TaintKey = Annotated[str, Strict(), Field(max_length=317)]
-LabelValue = Annotated[str, Strict(), Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
-InstanceTypeName = Annotated[str, Strict(), Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)]
 AnnotationValue = Annotated[str, Strict(), Field(max_length=4096)]
 Arg = Annotated[str, Strict(), Field(max_length=4096)]
-Image = Annotated[str, Strict(), Field(min_length=1, max_length=1024)]
-EnvName = Annotated[str, Strict(), Field(min_length=1, max_length=256)]
-EnvValue = Annotated[str, Strict(), Field(max_length=32768)]
-MountPath = Annotated[str, Strict(), Field(min_length=1, max_length=256)]
-AbsolutePath = Annotated[str, Strict(), Field(max_length=256, pattern=r"^/.+")]
+InstanceTypeName = Annotated[str, Strict(), Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)]
+# Kubernetes refuses a hugepages quantity that is not a whole number of pages (2Mi): written in Mi, Gi or Ti.
+HugePages2Mi = Annotated[
+    str, Strict(), Field(max_length=32, pattern=r"^(0+(\.0*)?([KMGT]i)?|[0-9]*[02468]Mi|[0-9]+(Gi|Ti))$")
+]
 FileSystemId = Annotated[str, Strict(), Field(max_length=32, pattern=r"^fs-[0-9a-f]{8,17}$")]
-MountName = Annotated[str, Strict(), Field(min_length=1, max_length=64)]
+MountName = Annotated[str, Strict(), Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+$")]
 
 
 class ImagePullPolicy(enum.StrEnum):
@@ -90,26 +80,6 @@ class RetentionPolicy(enum.StrEnum):
     DELETE = "Delete"
 
 
-class TolerationOperator(enum.StrEnum):
-    EXISTS = "Exists"
-    EQUAL = "Equal"
-
-
-class TaintEffect(enum.StrEnum):
-    NO_SCHEDULE = "NoSchedule"
-    PREFER_NO_SCHEDULE = "PreferNoSchedule"
-    NO_EXECUTE = "NoExecute"
-
-
-class NodeSelectorOperator(enum.StrEnum):
-    IN = "In"
-    NOT_IN = "NotIn"
-    EXISTS = "Exists"
-    DOES_NOT_EXIST = "DoesNotExist"
-    GT = "Gt"
-    LT = "Lt"
-
-
 class ResourceOverrides(ApiModel):
     """Overrides of the instance profile's pod sizing."""
 
@@ -126,85 +96,43 @@ class ResourceOverrides(ApiModel):
         description="efaAdapters is the vpc.amazonaws.com/efa count per pod. "
         "Optional; default: the profile's.",
     )
-    cpu: Quantity | None = Field(
+    cpu: PositiveQuantity | None = Field(
         default=None,
-        description="cpu is the CPU request per pod (a quantity). Optional; default: the profile's.",
+        description="cpu is the CPU request per pod (a positive quantity). Optional; default: the profile's.",
     )
-    memory: Quantity | None = Field(
+    memory: PositiveQuantity | None = Field(
         default=None,
-        description="memory is the memory request and limit per pod (a quantity). "
+        description="memory is the memory request and limit per pod (a positive quantity). "
         "Optional; default: the profile's.",
     )
-    hugepages2_mi: Quantity | None = Field(
+    hugepages2_mi: HugePages2Mi | None = Field(
         default=None,
         alias="hugepages2Mi",
         description=(
-            'hugepages2Mi is the hugepages-2Mi request and limit per pod (a quantity; "0" for none). '
+            "hugepages2Mi is the hugepages-2Mi request and limit per pod, a whole number of 2Mi pages: "
+            'an even number of Mi or a whole number of Gi or Ti ("0" for none). '
             "Optional; default: the profile's."
         ),
     )
-    shm_size: Quantity | None = Field(
+    shm_size: PositiveQuantity | None = Field(
         default=None,
         description=(
-            "shmSize is the size limit of the memory-backed /dev/shm volume (a quantity). "
+            "shmSize is the size limit of the memory-backed /dev/shm volume (a positive quantity). "
             "Optional; default: the profile's."
         ),
-    )
-
-
-class Toleration(ApiModel):
-    """A Kubernetes toleration, added to the ones the operator renders."""
-
-    key: TaintKey | None = Field(
-        default=None, description="key is the taint key the toleration matches. Optional."
-    )
-    operator: TolerationOperator | None = Field(
-        default=None, description="operator is Exists or Equal. Optional; Kubernetes defaults it to Equal."
-    )
-    value: LabelValue | None = Field(
-        default=None, description="value is the taint value matched by Equal. Optional."
-    )
-    effect: TaintEffect | None = Field(
-        default=None,
-        description="effect is NoSchedule, PreferNoSchedule or NoExecute. Optional; empty matches all.",
-    )
-    toleration_seconds: Int64 | None = Field(
-        default=None,
-        description="tolerationSeconds bounds how long a NoExecute taint is tolerated. Optional.",
-    )
-
-
-class NodeSelectorRequirement(ApiModel):
-    """One node-label requirement of a node affinity term."""
-
-    key: LabelKey = Field(description="key is the node label key. Required.")
-    operator: NodeSelectorOperator = Field(
-        description="operator is one of In, NotIn, Exists, DoesNotExist, Gt, Lt. Required."
-    )
-    values: list[LabelValue] = Field(
-        default_factory=list,
-        max_length=64,
-        description="values are the label values In/NotIn compare with (one integer for Gt/Lt). Optional.",
-    )
-
-
-class NodeSelectorTerm(ApiModel):
-    """A node selector term: all of its requirements must hold."""
-
-    match_expressions: list[NodeSelectorRequirement] = Field(
-        min_length=1,
-        max_length=16,
-        description="matchExpressions are node-label requirements, all of which must hold. Required.",
     )
 
 
 class SchedulingSpec(ApiModel):
     """Where the job's pods may run, in addition to the instance-type affinity the operator renders."""
 
-    node_selector: dict[LabelKey, LabelValue] = Field(
+    cel_rules = (keys_are_qualified_names("nodeSelector", "node_selector"),)
+
+    node_selector: dict[MapKey, LabelValue] = Field(
         default_factory=dict,
         max_length=32,
-        description="nodeSelector is added to every pod's nodeSelector. Optional; default: empty.",
+        description="nodeSelector is added to every pod's nodeSelector; keys are qualified names, values "
+        "label values. Optional; default: empty.",
     )
     tolerations: list[Toleration] = Field(
         default_factory=list,
@@ -223,7 +151,7 @@ class SchedulingSpec(ApiModel):
         ),
     )
     priority_class_name: OptionalName | None = Field(
-        default=None, description="priorityClassName is the pods' PriorityClass. Optional."
+        default=None, description="priorityClassName is the pods' PriorityClass (a DNS subdomain). Optional."
     )
 
 
@@ -246,8 +174,9 @@ class FsxStaticStorage(ApiModel):
     )
     dns_name: Name = Field(description="dnsName is the file system's DNS name. Required.")
     mount_name: MountName = Field(description="mountName is the file system's mount name. Required.")
-    capacity: Quantity = Field(
-        default="1200Gi", description="capacity is the volume's size. Optional; default: 1200Gi."
+    capacity: PositiveQuantity = Field(
+        default="1200Gi",
+        description="capacity is the volume's size (a positive quantity). Optional; default: 1200Gi.",
     )
 
 
@@ -256,10 +185,12 @@ class DynamicStorage(ApiModel):
 
     storage_class_name: OptionalName | None = Field(
         default=None,
-        description="storageClassName is the claim's StorageClass. Optional; default: the cluster default.",
+        description="storageClassName is the claim's StorageClass (a DNS subdomain; empty for none). "
+        "Optional; default: the cluster default.",
     )
-    capacity: Quantity = Field(
-        default="1200Gi", description="capacity is the requested size. Optional; default: 1200Gi."
+    capacity: PositiveQuantity = Field(
+        default="1200Gi",
+        description="capacity is the requested size (a positive quantity). Optional; default: 1200Gi.",
     )
 
 
@@ -305,6 +236,7 @@ class CheckpointSpec(ApiModel):
     interval_steps: Int32 = Field(
         default=100,
         ge=1,
+        le=100_000_000,
         description="intervalSteps is the number of steps between checkpoints. Optional; default: 100.",
     )
     keep: Int32 = Field(
@@ -351,24 +283,28 @@ class InProcessRestart(ApiModel):
     max_iterations: Int32 = Field(
         default=10,
         ge=1,
+        le=1000,
         description="maxIterations is the number of in-process restarts before giving up to the launcher. "
         "Optional; default: 10.",
     )
     soft_timeout_seconds: Int32 = Field(
         default=60,
         ge=1,
+        le=86400,
         description="softTimeoutSeconds is how long a rank may make no progress before it is interrupted. "
         "Optional; default: 60.",
     )
     hard_timeout_seconds: Int32 = Field(
         default=90,
         ge=1,
+        le=86400,
         description="hardTimeoutSeconds is how long a rank may make no progress before it is terminated; "
         "greater than softTimeoutSeconds. Optional; default: 90.",
     )
     barrier_timeout_seconds: Int32 = Field(
         default=120,
         ge=1,
+        le=86400,
         description="barrierTimeoutSeconds bounds the restart barrier among ranks. Optional; default: 120.",
     )
 
@@ -408,24 +344,28 @@ class FaultTolerance(ApiModel):
     heartbeat_timeout_seconds: Int32 = Field(
         default=300,
         ge=1,
+        le=86400,
         description="heartbeatTimeoutSeconds is how long a rank may miss heartbeats before ft_launcher "
         "restarts the workers. Optional; default: 300.",
     )
     initial_heartbeat_timeout_seconds: Int32 = Field(
         default=600,
         ge=1,
+        le=86400,
         description="initialHeartbeatTimeoutSeconds is the heartbeat timeout before a rank's first "
         "heartbeat; at least heartbeatTimeoutSeconds. Optional; default: 600.",
     )
     monitor_interval_seconds: Int32 = Field(
         default=5,
         ge=1,
+        le=86400,
         description="monitorIntervalSeconds is how often ft_launcher checks its workers; less than "
         "heartbeatTimeoutSeconds. Optional; default: 5.",
     )
     max_in_job_restarts: Int32 = Field(
         default=20,
         ge=0,
+        le=10000,
         description="maxInJobRestarts is the number of worker-process restarts ft_launcher makes before the "
         "pod fails. Optional; default: 20.",
     )
@@ -448,6 +388,7 @@ class FailurePolicy(ApiModel):
     max_node_replacements: Int32 = Field(
         default=10,
         ge=0,
+        le=10000,
         description="maxNodeReplacements is the number of pod replacements before the job is Failed. "
         "Optional; default: 10.",
     )
@@ -461,6 +402,7 @@ class FailurePolicy(ApiModel):
     repeat_offender_threshold: Int32 = Field(
         default=2,
         ge=1,
+        le=1000,
         description="repeatOffenderThreshold is the number of faults on one node before the node is excluded "
         "for the job. Optional; default: 2.",
     )
@@ -469,41 +411,6 @@ class FailurePolicy(ApiModel):
         description="taintExcludedNodes makes the operator taint excluded nodes cluster-wide "
         f"({constants.TAINT_EXCLUDED}:NoSchedule). Optional; default: false.",
     )
-
-
-class EnvVar(ApiModel):
-    """An environment variable of the worker container."""
-
-    cel_rules = (
-        CelRule(
-            rule="!(has(self.value) && has(self.valueFrom))",
-            message="value and valueFrom are mutually exclusive",
-            check=lambda s: s.value is None or s.value_from is None,
-        ),
-    )
-
-    name: EnvName = Field(description="name is the variable's name. Required.")
-    value: EnvValue | None = Field(default=None, description="value is the variable's value. Optional.")
-    value_from: (
-        Annotated[dict[str, Any], SchemaExtra({"x-kubernetes-preserve-unknown-fields": True})] | None
-    ) = Field(default=None, description="valueFrom is a Kubernetes EnvVarSource. Optional.")
-
-
-class Volume(ApiModel):
-    """An extra pod volume: a Kubernetes Volume, kept as given apart from its name."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: DnsLabel = Field(description="name is the volume's name. Required.")
-
-
-class VolumeMount(ApiModel):
-    """A mount of an extra volume into the worker container (other VolumeMount fields are kept as given)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: DnsLabel = Field(description="name is the mounted volume's name. Required.")
-    mount_path: MountPath = Field(description="mountPath is where it is mounted. Required.")
 
 
 def _immutable_when_set(field: str) -> CelRule:
@@ -573,10 +480,33 @@ class ResilientTrainingJobSpec(ApiModel):
             check=lambda s: not any(k.startswith(f"{constants.GROUP}/") for k in s.pod_labels),
             field_path=".podLabels",
         ),
+        CelRule(
+            rule=f"self.checkpoint.mountPath != '{SHM_MOUNT_PATH}'",
+            message=f"checkpoint.mountPath may not be {SHM_MOUNT_PATH} (the shared-memory volume's)",
+            check=lambda s: s.checkpoint.mount_path != SHM_MOUNT_PATH,
+            field_path=".checkpoint.mountPath",
+        ),
+        CelRule(
+            rule="!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+            message="volume names must be unique",
+            check=lambda s: len({v.name for v in s.volumes}) == len(s.volumes),
+            field_path=".volumes",
+        ),
+        CelRule(
+            rule=(
+                "!has(self.volumeMounts) || "
+                "self.volumeMounts.all(m, self.volumeMounts.exists_one(n, n.mountPath == m.mountPath))"
+            ),
+            message="volumeMounts mount paths must be unique",
+            check=lambda s: len({m.mount_path for m in s.volume_mounts}) == len(s.volume_mounts),
+            field_path=".volumeMounts",
+        ),
+        keys_are_qualified_names("podLabels", "pod_labels"),
+        keys_are_qualified_names("podAnnotations", "pod_annotations"),
         _immutable_when_set("processesPerNode"),
     )
 
-    image: Image = Field(description="image is the trainer image. Required.")
+    image: Image = Field(description="image is the trainer image (printable ASCII, no whitespace). Required.")
     image_pull_policy: ImagePullPolicy = Field(
         default=ImagePullPolicy.IF_NOT_PRESENT,
         description="imagePullPolicy is Always, IfNotPresent or Never. Optional; default: IfNotPresent.",
@@ -655,6 +585,7 @@ class ResilientTrainingJobSpec(ApiModel):
     ttl_seconds_after_finished: Int32 | None = Field(
         default=None,
         ge=0,
+        le=31_536_000,
         description="ttlSecondsAfterFinished deletes the job this long after it succeeded or failed. "
         "Optional; default: never.",
     )
@@ -681,14 +612,15 @@ class ResilientTrainingJobSpec(ApiModel):
         max_length=32,
         description="volumeMounts mount extra volumes into the worker container. Optional; default: empty.",
     )
-    pod_labels: dict[LabelKey, LabelValue] = Field(
+    pod_labels: dict[MapKey, LabelValue] = Field(
         default_factory=dict,
         max_length=32,
-        description=f"podLabels are added to every pod; keys under {constants.GROUP}/ are reserved. "
-        "Optional; default: empty.",
+        description="podLabels are added to every pod; keys are qualified names (those under "
+        f"{constants.GROUP}/ are reserved), values label values. Optional; default: empty.",
     )
-    pod_annotations: dict[LabelKey, AnnotationValue] = Field(
+    pod_annotations: dict[MapKey, AnnotationValue] = Field(
         default_factory=dict,
         max_length=32,
-        description="podAnnotations are added to every pod. Optional; default: empty.",
+        description="podAnnotations are added to every pod; keys are qualified names. "
+        "Optional; default: empty.",
     )

@@ -12,7 +12,11 @@ from typing import Annotated
 
 from pydantic import Field
 
-from rtj_operator.api.schema import DateTime, Int64, SchemaExtra, StatusModel
+from rtj_operator.api.schema import INT32_MAX, DateTime, Int64, SchemaExtra, StatusModel
+
+# A count or index the operator reports (bounded in the CRD too: the API server does not hold integers
+# to their format).
+Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class JobState(enum.StrEnum):
@@ -68,7 +72,7 @@ class Condition(StatusModel):
 class PodStatus(StatusModel):
     """One worker or spare pod as the operator last saw it."""
 
-    index: int = Field(description="index is the worker or spare index.")
+    index: Count = Field(description="index is the worker or spare index.")
     role: str = Field(description="role is worker or spare.")
     pod_name: str = Field(description="podName is the pod's name.")
     node_name: str | None = Field(default=None, description="nodeName is the node the pod is bound to.")
@@ -82,9 +86,9 @@ class PodStatus(StatusModel):
 class WorkersStatus(StatusModel):
     """Counts of the job's pods."""
 
-    desired: int = Field(default=0, description="desired is spec.nodes.")
-    ready: int = Field(default=0, description="ready is the number of ready worker pods.")
-    ready_spares: int = Field(default=0, description="readySpares is the number of ready spare pods.")
+    desired: Count = Field(default=0, description="desired is spec.nodes.")
+    ready: Count = Field(default=0, description="ready is the number of ready worker pods.")
+    ready_spares: Count = Field(default=0, description="readySpares is the number of ready spare pods.")
     ready_text: str | None = Field(default=None, description='readyText is "ready/desired", for kubectl.')
     pods: list[PodStatus] = Field(
         default_factory=list, description="pods are the job's worker and spare pods."
@@ -94,14 +98,14 @@ class WorkersStatus(StatusModel):
 class RestartsStatus(StatusModel):
     """Restarts per recovery layer."""
 
-    in_process: int = Field(
+    in_process: Count = Field(
         default=0, description="inProcess counts NVRx in-process restarts (max over pods)."
     )
-    in_job: int = Field(default=0, description="inJob counts ft_launcher worker restarts (max over pods).")
-    pod_replacement: int = Field(
+    in_job: Count = Field(default=0, description="inJob counts ft_launcher worker restarts (max over pods).")
+    pod_replacement: Count = Field(
         default=0, description="podReplacement counts worker pods the operator replaced."
     )
-    total: int = Field(default=0, description="total is the sum of the three.")
+    total: Count = Field(default=0, description="total is the sum of the three.")
 
 
 class ExcludedNode(StatusModel):
@@ -116,7 +120,7 @@ class NodeFault(StatusModel):
     """Faults the job saw on one node."""
 
     node_name: str = Field(description="nodeName is the node.")
-    count: int = Field(default=0, description="count is the number of faults seen on it.")
+    count: Count = Field(default=0, description="count is the number of faults seen on it.")
     last_reason: str | None = Field(default=None, description="lastReason is the newest fault's reason.")
     last_time: DateTime | None = Field(default=None, description="lastTime is the newest fault's time.")
 
