@@ -4,14 +4,13 @@ from inside a pod of the embedded local cluster (or a real cluster's API)."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import wait_for
+from rtj_localcluster.testing import create_namespace, wait_for
 from rtj_trainer import progress
 
 pytestmark = pytest.mark.slow
@@ -35,13 +34,41 @@ def api(shared_local_cluster: LocalCluster) -> Iterator[SyncKubeClient]:
         yield client
 
 
-def test_progress_annotation_is_patched_from_inside_the_pod(api: SyncKubeClient) -> None:
-    ns = f"t-{uuid.uuid4().hex[:8]}"
-    api.create(path_for("namespaces"), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+def test_progress_annotation_is_patched_from_inside_the_pod(
+    shared_local_cluster: LocalCluster, api: SyncKubeClient
+) -> None:
+    ns = create_namespace(shared_local_cluster.kubeconfig_path, "t")
     try:
         api.create(
             path_for("serviceaccounts", ns),
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "trainer"}},
+        )
+        # What the operator grants a job's trainer ServiceAccount: get and patch of its own pods.
+        api.create(
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": "trainer"},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "resources": ["pods"],
+                        "verbs": ["get", "patch"],
+                        "resourceNames": ["worker"],
+                    }
+                ],
+            },
+        )
+        api.create(
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": "trainer"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "trainer"},
+                "subjects": [{"kind": "ServiceAccount", "name": "trainer", "namespace": ns}],
+            },
         )
         pod: dict[str, Any] = {
             "apiVersion": "v1",
@@ -76,6 +103,8 @@ def test_progress_annotation_is_patched_from_inside_the_pod(api: SyncKubeClient)
             phase = current.get("status", {}).get("phase")
             assert phase != "Failed", current.get("status")
             value = current.get("metadata", {}).get("annotations", {}).get(progress.ANNOTATION)
+            # The script exits once it sent: Succeeded without the annotation is a failed send.
+            assert value or phase != "Succeeded", current.get("status")
             return json.loads(value) if value else None
 
         report = wait_for(annotated, timeout=180, message="the progress annotation")
