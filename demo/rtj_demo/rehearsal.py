@@ -287,7 +287,13 @@ class Stack:
         except ImportError as err:
             raise MissingComponentError(f"the API models (rtj_operator.api) are missing: {err}") from err
         self.kubectl("apply", "-f", "-", input_text=crd_yaml())
-        self.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        # Polled rather than `kubectl wait`, which fails at once while a new CRD has no conditions yet.
+        established = '{.status.conditions[?(@.type=="Established")].status}'
+        _wait(
+            lambda: self.kubectl("get", f"crd/{PLURAL}.{GROUP}", "-o", f"jsonpath={established}") == "True",
+            60,
+            "the CRD to be established",
+        )
 
     def _start_operator(self) -> None:
         if importlib.util.find_spec("rtj_operator.main") is None:

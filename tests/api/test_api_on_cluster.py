@@ -18,7 +18,7 @@ import pytest
 import yaml
 from crd_tools import CRD_FILE, REPO, load_example, openapi_schema
 from rtj_localcluster.binaries import program
-from rtj_localcluster.testing import kubectl
+from rtj_localcluster.testing import kubectl, wait_for
 from rtj_operator import api
 from rtj_operator.validation import apply_defaults
 from test_api_invalid_specs import CASES, _job_with
@@ -35,8 +35,13 @@ def _write(tmp_path: Path, name: str, obj: dict) -> str:
 @pytest.fixture
 def namespace(kubeconfig: Path, tmp_path: Path):
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/resilienttrainingjobs.resilient.training",
-            "--timeout=120s")  # fmt: skip
+    # Polled: `kubectl wait` fails at once while a new CRD has no conditions yet.
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+    wait_for(
+        lambda: kubectl(kubeconfig, "get", "crd/resilienttrainingjobs.resilient.training", "-o",
+                        f"jsonpath={established}", check=False) == "True",
+        timeout=120, message="the CRD to be established",
+    )  # fmt: skip
     name = f"rtj-api-{uuid.uuid4().hex[:8]}"
     # `apply` of a manifest rather than `kubectl create namespace` (which sends protobuf).
     ns_manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}

@@ -1,0 +1,142 @@
+"""The chart's operator as users run it: `helm install` into the local cluster's real control plane
+makes a Deployment whose pod runs the operator under its own ServiceAccount and the chart's RBAC, in a
+namespace that enforces Pod Security `restricted`. It trains examples/local-cpu.yaml to the end
+(`kubectl logs` of a worker works), and a rule taken out of its ClusterRole makes it fail loudly.
+
+The local kubelet runs the operator image as the `rtj-operator` program of this checkout's
+environment, with the service-account token the API server issued for the pod.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+from chart_support import CHART
+from rtj_localcluster.cluster import LocalCluster
+from rtj_localcluster.controlplane import free_port
+from rtj_localcluster.testing import create_namespace, kubectl, wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.local_cluster(nodes=2, profile="cpu", node_monitor_grace_seconds=5),
+]
+REPO = Path(__file__).resolve().parents[2]
+RELEASE = "rtj"
+FULLNAME = f"{RELEASE}-resilient-training-operator"
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+
+
+@dataclass
+class Installed:
+    kubeconfig: Path
+    namespace: str
+    team: str
+
+
+def get_json(kubeconfig: Path, *args: str) -> dict[str, Any]:
+    out = kubectl(kubeconfig, "get", *args, "-o", "json", check=False)
+    loaded: dict[str, Any] = json.loads(out) if out.strip() else {}
+    return loaded
+
+
+def operator_pod(installed: Installed) -> dict[str, Any] | None:
+    listing = get_json(
+        installed.kubeconfig, "pods", "-n", installed.namespace, "-l", f"app.kubernetes.io/instance={RELEASE}"
+    )
+    running = [
+        p
+        for p in listing.get("items") or []
+        if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+    return running[0] if running else None
+
+
+@pytest.fixture
+def installed(local_cluster: LocalCluster, tmp_path: Path) -> Iterator[Installed]:
+    kubeconfig = local_cluster.kubeconfig_path
+    namespace = create_namespace(kubeconfig, "rtj-system", labels=RESTRICTED)
+    team = create_namespace(kubeconfig, "team")
+    config = helm.Config(kubeconfig_path=kubeconfig, namespace=namespace, storage_driver="secret")
+    values = {"operator": {"healthPort": free_port()}, "metrics": {"port": free_port()}}
+    try:
+        result = config.install(CHART, RELEASE, values, namespace=namespace, timeout=120)
+        assert result["status"] == "deployed"
+        yield Installed(kubeconfig, namespace, team)
+    finally:
+        config.close()
+
+
+def test_operator_pod_runs_under_the_charts_rbac_and_trains_the_local_example(
+    installed: Installed, tmp_path: Path
+) -> None:
+    kubeconfig, namespace, team = installed.kubeconfig, installed.namespace, installed.team
+    pod = wait_for(lambda: operator_pod(installed), timeout=120, message="the operator's pod to run")
+    # Admitted under Pod Security `restricted`, as the chart's ServiceAccount.
+    assert pod["spec"]["serviceAccountName"] == FULLNAME
+    account = f"system:serviceaccount:{namespace}:{FULLNAME}"
+    assert (
+        kubectl(kubeconfig, "auth", "can-i", "create", "pods", "-n", team, f"--as={account}").strip() == "yes"
+    )
+    denied = kubectl(
+        kubeconfig, "auth", "can-i", "create", "secrets", "-n", team, f"--as={account}", check=False
+    )
+    assert denied.strip() == "no"
+
+    job = yaml.safe_load((REPO / "examples" / "local-cpu.yaml").read_text())
+    job["metadata"]["namespace"] = team
+    job["spec"]["args"] = ["--steps", "40", "--hidden", "64", "--layers", "2"]
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(job))
+    kubectl(kubeconfig, "apply", "-f", str(manifest))
+
+    worker = f"{job['metadata']['name']}-worker-0"
+    wait_for(
+        lambda: kubectl(kubeconfig, "logs", worker, "-n", team, check=False).strip(),
+        timeout=180,
+        message="the worker's log through kubectl logs",
+    )
+
+    def state() -> str:
+        return str(
+            get_json(kubeconfig, "rtj", job["metadata"]["name"], "-n", team).get("status", {}).get("state")
+        )
+
+    wait_for(lambda: state() == "Succeeded", timeout=420, interval=1, message="the job to succeed")
+    status = get_json(kubeconfig, "rtj", job["metadata"]["name"], "-n", team)["status"]
+    assert status["progress"]["step"] == 40
+    # The operator's own log, through kubectl logs too, tells of the job it handled.
+    assert job["metadata"]["name"] in kubectl(kubeconfig, "logs", pod["metadata"]["name"], "-n", namespace)
+
+
+def test_a_rule_removed_from_the_clusterrole_fails_loudly(installed: Installed, tmp_path: Path) -> None:
+    kubeconfig, namespace, team = installed.kubeconfig, installed.namespace, installed.team
+    pod = wait_for(lambda: operator_pod(installed), timeout=120, message="the operator's pod to run")
+    role = get_json(kubeconfig, "clusterrole", FULLNAME)
+    kept = [rule for rule in role["rules"] if "services" not in rule.get("resources", [])]
+    assert len(kept) == len(role["rules"]) - 1
+    patch = tmp_path / "rules.json"
+    patch.write_text(json.dumps({"rules": kept}))
+    kubectl(kubeconfig, "patch", "clusterrole", FULLNAME, "--type=merge", f"--patch-file={patch}")
+
+    job = yaml.safe_load((REPO / "examples" / "local-cpu.yaml").read_text())
+    job["metadata"] = {"name": "no-service", "namespace": team}
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(job))
+    kubectl(kubeconfig, "apply", "-f", str(manifest))
+
+    def refusal_logged() -> str | None:
+        log = kubectl(kubeconfig, "logs", pod["metadata"]["name"], "-n", namespace, check=False)
+        lines = [line for line in log.splitlines() if "forbidden" in line.lower() and "services" in line]
+        return lines[0] if lines else None
+
+    line = wait_for(refusal_logged, timeout=120, message="the operator to log the refused create")
+    assert f"system:serviceaccount:{namespace}:{FULLNAME}" in line
+    # Nothing that needs the Service was started.
+    assert not get_json(kubeconfig, "pods", "-n", team).get("items")
