@@ -143,6 +143,26 @@ def test_installed_launcher_accepts_the_flags(cpu: bool) -> None:
     assert parsed.training_script_args == ["--x"]
 
 
+def test_writer_options_follow_the_installed_release() -> None:
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import PersistentAsyncCaller
+    from rtj_trainer import nvrx_compat
+
+    class Release041:
+        def __init__(self) -> None: ...
+
+    class Release070:
+        def __init__(
+            self, is_daemon: bool = True, cpu_priority: int = 10, cpu_shm_mode: bool = False
+        ) -> None: ...
+
+    assert nvrx_compat.writer_caller_kwargs(Release041) == {}
+    assert nvrx_compat.writer_caller_kwargs(Release070) == {"cpu_shm_mode": True, "cpu_priority": 10}
+    # And what the installed release gets: its writer must never need CUDA.
+    installed = nvrx_compat.writer_caller_kwargs(PersistentAsyncCaller)
+    assert installed.get("cpu_shm_mode", True) is True
+    assert bool(installed) is (nvrx_compat.nvrx_version() >= nvrx_compat.NVRX_0_7)
+
+
 def test_resolve_real_names() -> None:
     assert launch.resolve("127.0.0.1", 29500, timeout=5) == "127.0.0.1"
     assert launch.resolve("localhost", 29500, timeout=5) in ("127.0.0.1", "::1")
