@@ -23,7 +23,8 @@ def _installed() -> str:
 def pytest_report_header() -> str:
     import nvidia_resiliency_ext
 
-    return f"nvidia-resiliency-ext: {_installed()} ({os.path.dirname(nvidia_resiliency_ext.__file__ or '')})"
+    # 0.4.1's top level is a namespace package (no __file__); both have a __path__.
+    return f"nvidia-resiliency-ext: {_installed()} ({', '.join(nvidia_resiliency_ext.__path__)})"
 
 
 @pytest.fixture(scope="session", autouse=True)
