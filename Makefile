@@ -9,6 +9,11 @@ PYTEST_ARGS ?=
 # virtual environment of its own inside .venv.
 CHECKOV_VENV := $(VENV)/tools-checkov
 CHECKOV      := $(CHECKOV_VENV)/bin/checkov
+# NVRx 0.7.0, the trainer image's release, next to .venv's 0.4.1: its wheel is for Python 3.12 only,
+# so its modules and the dependencies .venv lacks go into a directory that the second run of the
+# trainer tests puts first on PYTHONPATH (see scripts/install-nvrx-0.7.0.sh).
+NVRX_0_7     := $(VENV)/nvrx-0.7.0
+NVRX_0_7_OK  := $(NVRX_0_7)/.installed
 
 .PHONY: setup control-plane demo test lint typecheck unit crds clean
 
@@ -35,7 +40,10 @@ $(HELM): scripts/install-helm.sh | $(STAMP)
 control-plane: | $(STAMP)
 	dir=$$(scripts/build-control-plane.sh) && ln -sf "$$dir/kubectl" $(BIN)/kubectl
 
-setup: $(STAMP) $(CHECKOV) $(HELM) control-plane
+$(NVRX_0_7_OK): scripts/install-nvrx-0.7.0.sh scripts/nvrx-0.7.0-deps.txt scripts/nvrx-0.7.0-wheel.txt | $(STAMP)
+	scripts/install-nvrx-0.7.0.sh $(NVRX_0_7) $(BIN)/python
+
+setup: $(STAMP) $(CHECKOV) $(HELM) $(NVRX_0_7_OK) control-plane
 
 demo: $(STAMP) control-plane
 	$(BIN)/rtj demo
@@ -47,8 +55,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) $(CHECKOV) $(HELM) control-plane lint typecheck
+# The whole suite (the trainer tests on .venv's NVRx 0.4.1), then the trainer tests again on 0.7.0.
+test: $(STAMP) $(CHECKOV) $(HELM) $(NVRX_0_7_OK) control-plane lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
+	RTJ_TEST_NVRX_VERSION=0.7.0 PYTHONPATH=$(abspath $(NVRX_0_7))$${PYTHONPATH:+:$$PYTHONPATH} \
+		$(BIN)/pytest tests/trainer
 
 # Regenerate crds/, docs/api.md and the chart's CRD copy from the pydantic models.
 crds: $(STAMP)

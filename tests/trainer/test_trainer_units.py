@@ -12,11 +12,8 @@ import torch
 from rtj_operator import api, render
 from rtj_trainer import checkpoint, env, faults, launch, progress
 
-FLAGS = {
-    "initial_heartbeat_timeout": "--ft-initial-rank-heartbeat-timeout",
-    "heartbeat_timeout": "--ft-rank-heartbeat-timeout",
-    "nic_monitor": "--ft-enable-nic-monitor",
-}
+NVRX_0_4_1 = (0, 4, 1)
+NVRX_0_7_0 = (0, 7, 0)
 
 
 def contract_env(**overrides: str) -> env.TrainerEnv:
@@ -46,7 +43,7 @@ def test_argv_for_the_store_host_node() -> None:
         rdzv_address="10.0.0.5",
         command=["rtj-train", "--steps", "10"],
         cpu=False,
-        flags=FLAGS,
+        nvrx_version=NVRX_0_4_1,
     )
     assert argv == [
         "ft_launcher",
@@ -60,6 +57,8 @@ def test_argv_for_the_store_host_node() -> None:
         "--ft-rank-heartbeat-timeout=300",
         "--monitor-interval=5",
         "--max-restarts=20",
+        "--workers-stop-timeout=15",
+        "--ft-enable-nic-monitor=true",
         "--no-python",
         "rtj-train",
         "--steps",
@@ -76,7 +75,7 @@ def test_argv_other_nodes_dial_the_host_and_do_not_host(node_rank: int) -> None:
         rdzv_address="10.0.0.5",
         command=["rtj-train"],
         cpu=True,
-        flags=FLAGS,
+        nvrx_version=NVRX_0_4_1,
     )
     assert "--rdzv-conf=is_host=0" in argv
     assert "--nnodes=8:10" in argv
@@ -89,7 +88,7 @@ def test_argv_other_nodes_dial_the_host_and_do_not_host(node_rank: int) -> None:
 def test_argv_keeps_user_arguments_verbatim() -> None:
     hostile = ["rtj-train", "--name", "x; rm -rf / $(id) `id`", "--steps=5"]
     argv = launch.ft_launcher_argv(
-        contract_env(), rdzv_address="fd00::1", command=hostile, cpu=True, flags=FLAGS
+        contract_env(), rdzv_address="fd00::1", command=hostile, cpu=True, nvrx_version=NVRX_0_4_1
     )
     assert argv[-len(hostile) :] == hostile
     assert "--rdzv-endpoint=[fd00::1]:29500" in argv
@@ -97,23 +96,71 @@ def test_argv_keeps_user_arguments_verbatim() -> None:
 
 def test_argv_needs_a_command() -> None:
     with pytest.raises(ValueError, match="no training command"):
-        launch.ft_launcher_argv(contract_env(), rdzv_address="h", command=[], cpu=True, flags=FLAGS)
+        launch.ft_launcher_argv(
+            contract_env(), rdzv_address="h", command=[], cpu=True, nvrx_version=NVRX_0_4_1
+        )
 
 
-def test_installed_launcher_accepts_the_flags() -> None:
-    """Every flag the builder emits parses with the installed ft_launcher's own parser."""
+@pytest.mark.parametrize("cpu", [True, False])
+def test_argv_sets_the_defaults_nvrx_0_7_changed(cpu: bool) -> None:
+    argv = launch.ft_launcher_argv(
+        contract_env(), rdzv_address="10.0.0.5", command=["rtj-train"], cpu=cpu, nvrx_version=NVRX_0_7_0
+    )
+    assert "--workers-stop-timeout=15" in argv
+    assert f"--ft-enable-nic-monitor={'false' if cpu else 'true'}" in argv
+    # CPU: no NIC link-state check and no wait for GPU memory; GPU nodes keep 0.7.0's defaults.
+    changed = [a for a in argv if a.startswith(("--ft-enable-nic-healthcheck", "--ft-gpu-memory"))]
+    off_on_cpu = ["--ft-enable-nic-healthcheck=false", "--ft-gpu-memory-reclaim-timeout=0"]
+    assert changed == (off_on_cpu if cpu else [])
+    assert argv[-2:] == ["--no-python", "rtj-train"]
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+def test_installed_launcher_accepts_the_flags(cpu: bool) -> None:
+    """Every flag the builder emits parses with the installed ft_launcher's own parser.
+
+    `make test` runs this once per supported NVRx release (0.4.1 and 0.7.0), each with its parser.
+    """
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
+    from rtj_trainer import nvrx_compat
 
     argv = launch.ft_launcher_argv(
-        contract_env(RTJ_POD_IP="10.1.2.3"), rdzv_address="10.0.0.5", command=["rtj-train", "--x"], cpu=True
+        contract_env(RTJ_POD_IP="10.1.2.3"), rdzv_address="10.0.0.5", command=["rtj-train", "--x"], cpu=cpu
     )
     parsed = get_args_parser().parse_args(argv[1:])
     assert parsed.nnodes == "2:2"
     assert parsed.rdzv_endpoint == "10.0.0.5:29500"
-    assert parsed.ft_enable_nic_monitor is False
-    assert parsed.ft_rank_heartbeat_timeout == 300.0
+    assert parsed.local_addr == "10.1.2.3"
+    assert parsed.ft_enable_nic_monitor is (not cpu)
+    # 0.4.1 parses the heartbeat timeouts as floats, 0.7.0 as strings converted later.
+    assert float(parsed.ft_rank_heartbeat_timeout) == 300.0
+    assert float(parsed.ft_initial_rank_heartbeat_timeout) == 600.0
+    assert parsed.workers_stop_timeout == 15.0
+    if nvrx_compat.nvrx_version() >= nvrx_compat.NVRX_0_7:
+        assert parsed.ft_enable_nic_healthcheck is (False if cpu else None)
+        assert parsed.ft_gpu_memory_reclaim_timeout == ("0" if cpu else None)
     assert parsed.training_script == "rtj-train"
     assert parsed.training_script_args == ["--x"]
+
+
+def test_writer_options_follow_the_installed_release() -> None:
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import PersistentAsyncCaller
+    from rtj_trainer import nvrx_compat
+
+    class Release041:
+        def __init__(self) -> None: ...
+
+    class Release070:
+        def __init__(
+            self, is_daemon: bool = True, cpu_priority: int = 10, cpu_shm_mode: bool = False
+        ) -> None: ...
+
+    assert nvrx_compat.writer_caller_kwargs(Release041) == {}
+    assert nvrx_compat.writer_caller_kwargs(Release070) == {"cpu_shm_mode": True, "cpu_priority": 10}
+    # And what the installed release gets: its writer must never need CUDA.
+    installed = nvrx_compat.writer_caller_kwargs(PersistentAsyncCaller)
+    assert installed.get("cpu_shm_mode", True) is True
+    assert bool(installed) is (nvrx_compat.nvrx_version() >= nvrx_compat.NVRX_0_7)
 
 
 def test_resolve_real_names() -> None:

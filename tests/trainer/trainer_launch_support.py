@@ -23,6 +23,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def node_address(node_rank: int) -> str:
+    """Each "node" its own loopback address, as each pod has its own IP (ft_launcher's --local-addr).
+
+    NVRx 0.7.0's barrier rendezvous tells nodes apart by address: two launchers behind one address
+    close the rendezvous for good. Linux routes all of 127.0.0.0/8 to the loopback interface.
+    """
+    return f"127.0.0.{node_rank + 1}"
+
+
 @dataclasses.dataclass
 class Run:
     returncodes: list[int]
@@ -81,7 +90,12 @@ def run_two_nodes(
                 procs.append(
                     subprocess.Popen(
                         [str(BIN / "rtj-launch"), "--", "rtj-train", "--steps", str(steps), *train_args],
-                        env={**base, "TMPDIR": str(tmp), "RTJ_NODE_RANK": str(node)},
+                        env={
+                            **base,
+                            "TMPDIR": str(tmp),
+                            "RTJ_NODE_RANK": str(node),
+                            "RTJ_POD_IP": node_address(node),
+                        },
                         stdout=log_file,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,  # one process group per "node", killed as a whole

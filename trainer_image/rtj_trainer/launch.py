@@ -21,7 +21,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +45,16 @@ def ft_launcher_argv(
     command: Sequence[str],
     cpu: bool,
     launcher: str = "ft_launcher",
-    flags: Mapping[str, str] | None = None,
+    nvrx_version: tuple[int, ...] | None = None,
 ) -> list[str]:
-    """The ft_launcher command for this node (pure)."""
+    """The ft_launcher command for this node (pure when ``nvrx_version`` is given)."""
     if not command:
         raise ValueError("no training command given after --")
-    if flags is None:
-        # Imported here: it imports torch, which a spare never needs (nor the threads it starts).
-        from rtj_trainer.nvrx_compat import ft_launcher_flags
+    # Imported here: it imports torch, which a spare never needs (nor the threads it starts).
+    from rtj_trainer import nvrx_compat
 
-        flags = ft_launcher_flags()
-    names = dict(flags)
+    version = nvrx_version if nvrx_version is not None else nvrx_compat.nvrx_version()
+    names = dict(nvrx_compat.ft_launcher_flags(version))
     argv = [
         launcher,
         f"--nnodes={env.nnodes}:{max(env.nnodes_max, env.nnodes)}",
@@ -73,9 +72,8 @@ def ft_launcher_argv(
         # Rank 0's agent publishes this as MASTER_ADDR: the pod IP is reachable from every node,
         # a pod's own hostname may not resolve elsewhere.
         argv.append(f"--local-addr={env.pod_ip}")
-    if cpu:
-        # The NIC monitor reads InfiniBand/EFA counters that CPU machines lack.
-        argv.append(f"{names['nic_monitor']}=false")
+    # Options whose defaults differ between NVRx releases, each chosen in nvrx_compat.
+    argv += nvrx_compat.ft_launcher_tuning(cpu=cpu, version=version)
     argv += ["--no-python", *command]
     return argv
 

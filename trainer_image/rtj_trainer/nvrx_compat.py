@@ -4,7 +4,12 @@ NVRx 0.4.1 is the newest release that installs on the Python 3.11 development ma
 pins a newer one on Python 3.12. Everything that differs between releases, or that reaches past the
 public API to work on CPU, lives here: the async checkpoint writer (``rtj_trainer.checkpoint`` uses
 it), the in-process ``Wrapper`` keyword arguments (``rtj_trainer.restart``), the heartbeat client
-(``rtj_trainer.train``) and ft_launcher's flag spellings (``rtj_trainer.launch``).
+(``rtj_trainer.train``) and ft_launcher's flags (``rtj_trainer.launch``).
+
+Two releases are supported and tested on every run (docs/trainer.md has the table of differences):
+0.4.1, installed in the development environment, and 0.7.0, the image's, whose pure-Python modules
+the test suite puts on the path (scripts/install-nvrx-0.7.0.sh). A branch on the release exists only
+where 0.7.0 changed behaviour the trainer depends on; each says why.
 """
 
 from __future__ import annotations
@@ -38,8 +43,17 @@ def nvrx_version() -> tuple[int, ...]:
 # ---------------------------------------------------------------------------------------------
 # ft_launcher flags. 0.4.1 spells the NIC monitor switch --ft-enable-nic-monitor (the older
 # --ft-param-enable-nic-monitor spelling warns); the restart policy flag --ft-restart-policy
-# exists from 0.4 on.
+# exists from 0.4 on. 0.7.0 keeps the names but parses the heartbeat timeouts as strings (converted
+# later; "null" means none), so the values are always formatted as plain numbers.
 # ---------------------------------------------------------------------------------------------
+
+NVRX_0_7: Final = (0, 7, 0)
+
+# Seconds between SIGTERM and SIGKILL when ft_launcher stops its workers to restart them: 30 in
+# 0.4.1, 15 in 0.7.0. The trainer installs no SIGTERM handler, so a healthy worker exits at once;
+# only a worker stuck in the kernel or the driver waits this long. 15 on both releases, so that
+# recovery figures compare and a hang costs the same everywhere.
+WORKERS_STOP_TIMEOUT_SECONDS: Final = 15
 
 
 def ft_launcher_flags(version: tuple[int, ...] | None = None) -> Mapping[str, str]:
@@ -50,6 +64,29 @@ def ft_launcher_flags(version: tuple[int, ...] | None = None) -> Mapping[str, st
         "heartbeat_timeout": "--ft-rank-heartbeat-timeout",
         "nic_monitor": "--ft-enable-nic-monitor",
     }
+
+
+def ft_launcher_tuning(*, cpu: bool, version: tuple[int, ...] | None = None) -> list[str]:
+    """ft_launcher options whose defaults differ between releases, each set deliberately.
+
+    * NIC monitor (link_downed counters polled during training): on by default in 0.4.1, off in
+      0.7.0. On GPU nodes it stays on for both, so that a NIC losing its link restarts the node's
+      workers instead of waiting for a collective timeout; CPU machines have no RDMA NICs.
+    * NIC link-state check before each rendezvous (0.7.0 only, on by default): kept on GPU nodes (a
+      node whose NIC went down fails its rendezvous and the operator replaces it), off on CPU.
+    * Wait for GPU memory to drain before workers restart (0.7.0 only, up to 50 s): kept on GPU
+      nodes, where a new worker would otherwise run out of memory next to a dying one; 0 (off) on
+      CPU, which has no GPU memory to wait for and no NVML to ask.
+    * Progress tracking (0.7.0 only with --ft-checkpoint-iteration-file) is not enabled: the
+      operator judges progress from the trainer's progress reports.
+    """
+    release = version if version is not None else nvrx_version()
+    names = ft_launcher_flags(release)
+    args = [f"--workers-stop-timeout={WORKERS_STOP_TIMEOUT_SECONDS}"]
+    args.append(f"{names['nic_monitor']}={'false' if cpu else 'true'}")
+    if release >= NVRX_0_7 and cpu:
+        args += ["--ft-enable-nic-healthcheck=false", "--ft-gpu-memory-reclaim-timeout=0"]
+    return args
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +172,29 @@ def write_shard_durably(state: Any, path: str) -> None:
         os.fsync(f.fileno())
 
 
+# The writer's nice value where the release sets one (0.7.0's default, kept): on GPU nodes the host
+# cores feed the GPUs (data loading, kernel launches) and a save may take longer; on a busy CPU-only
+# machine it does (the kill-during-save test: 80 s against 67 s at nice 0, measured).
+WRITER_NICE: Final = 10
+
+
+def writer_caller_kwargs(caller_class: Any) -> dict[str, Any]:
+    """``PersistentAsyncCaller`` arguments for the parameters the installed release has (0.7.0).
+
+    ``cpu_shm_mode=True``: without it the 0.7.0 writer selects ``rank % torch.cuda.device_count()``
+    as its CUDA device: a ZeroDivisionError on a machine without a GPU, and on GPU nodes a CUDA
+    context per writer that it never uses, since the trainer hands it CPU shared-memory tensors (the
+    staging buffer). 0.4.1's writer never touches CUDA. ``cpu_priority``: ``WRITER_NICE``.
+    """
+    accepted = inspect.signature(caller_class.__init__).parameters
+    kwargs: dict[str, Any] = {}
+    if "cpu_shm_mode" in accepted:
+        kwargs["cpu_shm_mode"] = True
+    if "cpu_priority" in accepted:
+        kwargs["cpu_priority"] = WRITER_NICE
+    return kwargs
+
+
 class AsyncWriter:
     """One rank's NVRx async writer: submit a save, poll it, notice when the writer died.
 
@@ -150,7 +210,7 @@ class AsyncWriter:
 
         self._ckpt: Any = TorchAsyncCheckpoint(persistent_queue=True)
         queue = self._ckpt._async_calls_queue
-        queue.persistent_caller = PersistentAsyncCaller()
+        queue.persistent_caller = PersistentAsyncCaller(**writer_caller_kwargs(PersistentAsyncCaller))
         queue.persistent_caller.rank = rank
         self._queue: Any = queue
 
@@ -233,3 +293,18 @@ def wrapped_entry(wrapper: Any, fn: Callable[[Any], int]) -> Callable[[], int]:
     entry.__signature__ = inspect.Signature([parameter])  # type: ignore[attr-defined]
     wrapped: Callable[[], int] = wrapper(entry)
     return wrapped
+
+
+def limit_restart_health_check(wrapper: Any, health_check: Any, *, cuda: bool) -> None:
+    """Decide what the wrapper checks before an in-process restart.
+
+    0.7.0's ``Wrapper`` runs ``restart_health_check`` after a fault: the given health check chained
+    with NVML GPU, NVLink and NIC checks whenever LOCAL_RANK is set (always, under ft_launcher).
+    0.4.1 runs only the given one. On GPU nodes the NVML checks stay: a GPU that needs a reset or a
+    NIC whose link went down cannot be fixed by restarting the function, so the failed check hands
+    the fault to ft_launcher (and, if it persists, to the operator). Without CUDA there is no NVML
+    to ask and the checks would fail every restart, so only the given health check runs.
+    """
+    if cuda or not hasattr(wrapper, "restart_health_check"):
+        return
+    wrapper.restart_health_check = health_check

@@ -9,7 +9,8 @@ raises, times out or stops pinging. What makes that fast and safe here:
   fail at once; ``destroy_process_group`` then always runs, because a group left alive makes the
   next iteration fail ("initialize the default process group twice").
 * A health check enforces the fault budget (``RTJ_INPROCESS_MAX_ITERATIONS``); a failing check ends
-  the process, and ft_launcher takes over (in-job restart).
+  the process, and ft_launcher takes over (in-job restart). NVRx 0.7.0 adds NVML GPU/NVLink/NIC
+  checks before each restart; they stay on GPU nodes and are dropped without CUDA (nvrx_compat).
 * Timeouts come from the environment contract. The monitor intervals are short, since recovery
   cannot be faster than the wrapper notices the fault.
 
@@ -30,7 +31,7 @@ import torch
 from nvidia_resiliency_ext import inprocess
 
 from rtj_trainer.env import TrainerEnv
-from rtj_trainer.nvrx_compat import wrapper_kwargs
+from rtj_trainer.nvrx_compat import limit_restart_health_check, wrapper_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,10 @@ def make_wrapper(env: TrainerEnv, *, store_host: str, store_port: int, keep_port
     barrier = max(env.inprocess_barrier_timeout_seconds, hard + 1)
     heartbeat_timeout = min(30.0, barrier - 1, max(soft - 1, 2.0))
     seconds = dt.timedelta
+    health_check = inprocess.Compose(
+        inprocess.health_check.CudaHealthCheck(seconds(seconds=min(30.0, soft))),
+        IterationBudget(env.inprocess_max_iterations),
+    )
     requested: dict[str, Any] = {
         "store_kwargs": {
             "host_name": store_host,
@@ -114,10 +119,7 @@ def make_wrapper(env: TrainerEnv, *, store_host: str, store_port: int, keep_port
             "timeout": seconds(seconds=barrier),
         },
         "abort": AbortProcessGroup(keep_ports),
-        "health_check": inprocess.Compose(
-            inprocess.health_check.CudaHealthCheck(seconds(seconds=min(30.0, soft))),
-            IterationBudget(env.inprocess_max_iterations),
-        ),
+        "health_check": health_check,
         "monitor_thread_interval": seconds(seconds=0.1),
         # Below the progress watchdog interval: hang detection needs it (measured).
         "monitor_process_interval": seconds(seconds=0.5),
@@ -133,4 +135,6 @@ def make_wrapper(env: TrainerEnv, *, store_host: str, store_port: int, keep_port
         "last_call_wait": seconds(seconds=0.1),
         "enabled": env.inprocess_enabled,
     }
-    return inprocess.Wrapper(**wrapper_kwargs(requested))
+    wrapper = inprocess.Wrapper(**wrapper_kwargs(requested))
+    limit_restart_health_check(wrapper, health_check, cuda=torch.cuda.is_available())
+    return wrapper
