@@ -91,6 +91,8 @@ class Observed:
     ensure_base: bool = False
     # In-memory offsets of the trainer's restart counters, keyed by pod uid (see progress.fold_progress).
     offsets: Mapping[str, RestartOffset] = field(default_factory=dict)
+    # When the API server last refused one of the job's children (in memory; see decide.admission).
+    refused_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -207,10 +209,17 @@ def observe(
     *,
     ensure_base: bool = False,
     offsets: Mapping[str, RestartOffset] | None = None,
+    refused_at: datetime | None = None,
 ) -> Observed:
     pod_states = tuple(p for p in (observe_pod(body) for body in pods) if p is not None)
     node_states = {n.name: n for n in (observe_node(body) for body in nodes) if n.name}
-    return Observed(pods=pod_states, nodes=node_states, ensure_base=ensure_base, offsets=dict(offsets or {}))
+    return Observed(
+        pods=pod_states,
+        nodes=node_states,
+        ensure_base=ensure_base,
+        offsets=dict(offsets or {}),
+        refused_at=refused_at,
+    )
 
 
 def node_problem(

@@ -65,7 +65,7 @@ def mark_started(run: PassState, first_start: bool) -> None:
 
 def ensure_base(run: PassState) -> None:
     """The Service, storage and RBAC, asserted before the pods that need them (creates are idempotent)."""
-    if (run.created_pods or run.observed.ensure_base) and not finished(run):
+    if (run.created_pods or run.observed.ensure_base) and not finished(run) and not run.holding:
         run.actions[:0] = [CreateObject(m) for m in render.render_base(run.job.model, uid=run.job.uid)]
 
 
