@@ -380,3 +380,48 @@ def test_a_child_refused_by_a_resource_quota_is_a_condition_and_is_not_retried(
     finally:
         kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
 
+
+def test_a_status_written_by_someone_else_is_corrected_on_the_next_event(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+    try:
+        with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+            manifest = job_manifest("forged", namespace, nodes=1, instanceType=_instance_type(kubeconfig))
+            apply(kubeconfig, manifest, tmp_path)
+            wait_state(kubeconfig, namespace, "forged", "Running")
+            forged = {
+                "status": {
+                    "state": "Succeeded",
+                    "conditions": [
+                        {
+                            "type": "Succeeded",
+                            "status": "True",
+                            "reason": "Forged",
+                            "message": "written by hand",
+                            "lastTransitionTime": "2026-01-01T00:00:00Z",
+                        }
+                    ],
+                }
+            }
+            kubectl(
+                kubeconfig,
+                "-n",
+                namespace,
+                "patch",
+                "rtj",
+                "forged",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                json.dumps(forged),
+            )
+            started = time.monotonic()
+            status = wait_state(kubeconfig, namespace, "forged", "Running", timeout=30)
+            assert time.monotonic() - started < 10  # the next event, not the 60 s safety net
+            assert (_condition(status, events.COND_SUCCEEDED) or {}).get("status") != "True"
+            assert events.STATUS_OVERWRITTEN in event_reasons(kubeconfig, namespace, "forged")
+            assert len(running_pods_on(kubeconfig, namespace, "forged")) == 1  # nothing was torn down
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
