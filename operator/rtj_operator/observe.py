@@ -64,6 +64,9 @@ class NodeState:
     ready: str  # "True", "False" or "Unknown" (a node without a Ready condition reads "Unknown")
     ready_since: datetime | None  # the Ready condition's lastTransitionTime
     taints: tuple[Taint, ...]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    allocatable: Mapping[str, str] = field(default_factory=dict)  # resource name -> quantity
+    unschedulable: bool = False  # spec.unschedulable (cordoned)
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,15 @@ def observe_node(body: Mapping[str, Any]) -> NodeState:
         )
         for t in map(_mapping, _list(spec.get("taints")))
     )
-    return NodeState(name=_str(metadata.get("name")), ready=ready, ready_since=since, taints=taints)
+    return NodeState(
+        name=_str(metadata.get("name")),
+        ready=ready,
+        ready_since=since,
+        taints=taints,
+        labels={str(k): _str(v) for k, v in _mapping(metadata.get("labels")).items()},
+        allocatable={str(k): str(v) for k, v in _mapping(status.get("allocatable")).items()},
+        unschedulable=bool(spec.get("unschedulable")),
+    )
 
 
 def observe_pod(body: Mapping[str, Any]) -> PodState | None:

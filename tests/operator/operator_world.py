@@ -48,7 +48,8 @@ def node_body(name: str, *, ready: str = "True", since: datetime = T0) -> dict[s
         },
         "spec": {},
         "status": {
-            "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": format_time(since)}]
+            "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": format_time(since)}],
+            "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"},
         },
     }
 

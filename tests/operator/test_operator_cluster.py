@@ -425,3 +425,25 @@ def test_a_status_written_by_someone_else_is_corrected_on_the_next_event(
             assert len(running_pods_on(kubeconfig, namespace, "forged")) == 1  # nothing was torn down
     finally:
         kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_a_job_larger_than_the_cluster_creates_no_pods_and_says_why(kubeconfig: Path, tmp_path: Path) -> None:
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+    try:
+        with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+            manifest = job_manifest("huge", namespace, nodes=1000, instanceType=_instance_type(kubeconfig))
+            apply(kubeconfig, manifest, tmp_path)
+
+            def blocked() -> dict[str, Any] | None:
+                found = _condition(job_status(kubeconfig, namespace, "huge"), events.COND_BLOCKED)
+                return found if found and found["status"] == "True" else None
+
+            condition = wait_for(blocked, timeout=60, message="the Blocked condition")
+            assert condition["reason"] == events.INSUFFICIENT_NODES
+            assert condition["message"].startswith("1000 nodes needed for the workers")
+            time.sleep(3)
+            assert not pods(kubeconfig, namespace, "huge")
+            assert event_reasons(kubeconfig, namespace, "huge").count(events.INSUFFICIENT_NODES) == 1
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)

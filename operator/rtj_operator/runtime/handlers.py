@@ -172,5 +172,5 @@ async def node_event(**kwargs: Any) -> None:
     memo = remember_indexes(kwargs)
     if kwargs.get("type") is None:
         return  # the initial listing: the jobs' own resume handlers cover it
-    for key in memo.jobs_on_node(kwargs["name"]):
+    for key in sorted({*memo.jobs_on_node(kwargs["name"]), *memo.jobs_waiting_for_nodes()}):
         await memo.queue.trigger(key)
