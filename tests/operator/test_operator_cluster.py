@@ -24,7 +24,7 @@ from operator_cluster import (
     wait_state,
 )
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import kubectl, wait_for
+from rtj_localcluster.testing import create_namespace, kubectl, wait_for
 from rtj_operator import constants, events
 from rtj_operator.main import EmbeddedOperator
 from rtj_operator.runtime import kube
@@ -445,5 +445,35 @@ def test_a_job_larger_than_the_cluster_creates_no_pods_and_says_why(kubeconfig: 
             time.sleep(3)
             assert not pods(kubeconfig, namespace, "huge")
             assert event_reasons(kubeconfig, namespace, "huge").count(events.INSUFFICIENT_NODES) == 1
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_a_pod_refused_by_pod_security_is_a_child_rejected_condition(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    install_crd(kubeconfig)
+    # The workers add IPC_LOCK, which the restricted Pod Security level forbids.
+    namespace = create_namespace(
+        kubeconfig, "rtj-test", labels={"pod-security.kubernetes.io/enforce": "restricted"}
+    )
+    try:
+        with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+            manifest = job_manifest("psa", namespace, nodes=1, instanceType=_instance_type(kubeconfig))
+            apply(kubeconfig, manifest, tmp_path)
+
+            def blocked() -> dict[str, Any] | None:
+                found = _condition(job_status(kubeconfig, namespace, "psa"), events.COND_BLOCKED)
+                return found if found and found["status"] == "True" else None
+
+            condition = wait_for(blocked, timeout=60, message="the Blocked condition")
+            assert condition["reason"] == events.CHILD_REJECTED
+            assert "403 Forbidden" in condition["message"] and "violates PodSecurity" in condition["message"]
+            wait_for(
+                lambda: events.CHILD_REJECTED in event_reasons(kubeconfig, namespace, "psa"),
+                timeout=30,
+                message="the ChildRejected Event",
+            )
+            assert not pods(kubeconfig, namespace, "psa")
     finally:
         kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
