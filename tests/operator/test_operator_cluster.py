@@ -475,5 +475,6 @@ def test_a_pod_refused_by_pod_security_is_a_child_rejected_condition(
                 message="the ChildRejected Event",
             )
             assert not pods(kubeconfig, namespace, "psa")
+            assert events.CHILDREN_CREATED not in event_reasons(kubeconfig, namespace, "psa")
     finally:
         kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)

@@ -3,8 +3,9 @@
 `queue` calls `run_pass(ctx, key, runner)`. It decides from kopf's indexes first (cheap, and for an
 idle job the end of the pass); only when something is to be done does it read the job and its pods
 fresh and decide again, so that no fault is counted twice and no pod is created twice. Then it
-writes status (optimistically, with the resourceVersion read), posts the Events and applies the
-actions. `finalize_job` is the same for a deleted job (the finalizer's work).
+writes status (optimistically, with the resourceVersion read), applies the actions and posts the
+Events; a create the API server refuses for good ends the actions and becomes a condition.
+`finalize_job` is the same for a deleted job (the finalizer's work).
 """
 
 from __future__ import annotations
@@ -64,10 +65,12 @@ async def run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
     runner.offsets = dict(plan.offsets)
     if ensure_base:
         runner.ensure_base = False
-    for event in plan.events:
-        post_event(body, event)
     refused = await _apply(ctx, key, plan.actions)
     count_writes(ctx)
+    for event in plan.events:
+        # After a refusal, "created" is not what happened: the Blocked Warning says what did.
+        if refused is None or event.reason != events.CHILDREN_CREATED:
+            post_event(body, event)
     if refused is not None:
         return await _refused(ctx, runner, body, view.generation, refused)
     metrics.observe_pass(
