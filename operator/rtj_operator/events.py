@@ -33,6 +33,10 @@ SUSPENDED: Final = "Suspended"  # spec.suspend became true: workers and spares d
 RESUMED: Final = "Resumed"  # spec.suspend became false: workers recreated
 TTL_EXPIRED: Final = "TTLExpired"  # ttlSecondsAfterFinished passed: the job is deleted
 STORAGE_DELETED: Final = "StorageDeleted"  # retentionPolicy Delete: the checkpoint volume was deleted
+CHILD_REJECTED: Final = "ChildRejected"  # the API server refused a child (400/403/422): invalid, policy
+QUOTA_EXCEEDED: Final = "QuotaExceeded"  # a ResourceQuota of the namespace refused a child
+INSUFFICIENT_NODES: Final = "InsufficientNodes"  # too few nodes can ever hold a worker: no pod created
+STATUS_OVERWRITTEN: Final = "StatusOverwritten"  # someone else wrote the job's status: restored
 
 # Condition types (status.conditions[].type).
 COND_READY: Final = "Ready"
@@ -40,7 +44,19 @@ COND_RECOVERING: Final = "Recovering"
 COND_SUSPENDED: Final = "Suspended"
 COND_SUCCEEDED: Final = "Succeeded"
 COND_FAILED: Final = "Failed"
-CONDITION_TYPES: Final = (COND_READY, COND_RECOVERING, COND_SUSPENDED, COND_SUCCEEDED, COND_FAILED)
+# True while the job cannot get its children: the API server refused one (ChildRejected,
+# QuotaExceeded) or too few nodes could ever hold its workers (InsufficientNodes).
+COND_BLOCKED: Final = "Blocked"
+CONDITION_TYPES: Final = (
+    COND_READY,
+    COND_RECOVERING,
+    COND_SUSPENDED,
+    COND_SUCCEEDED,
+    COND_FAILED,
+    COND_BLOCKED,
+)
+# The Blocked reasons that come from a refused create (retried on a spec change or a slow recheck).
+REFUSAL_REASONS: Final = frozenset({CHILD_REJECTED, QUOTA_EXCEEDED})
 
 # Condition reasons that are not also event reasons.
 REASON_ALL_WORKERS_READY: Final = "AllWorkersReady"
@@ -50,3 +66,4 @@ REASON_NO_FAULT: Final = "NoFault"
 REASON_NOT_SUSPENDED: Final = "NotSuspended"
 REASON_RUNNING: Final = "Running"
 REASON_FINISHED: Final = "Finished"
+REASON_NOT_BLOCKED: Final = "NotBlocked"

@@ -24,6 +24,12 @@ TAINT_NOT_READY = "node.kubernetes.io/not-ready"
 TAINT_UNREACHABLE = "node.kubernetes.io/unreachable"
 NODE_HEALTH_TAINTS = frozenset({TAINT_NOT_READY, TAINT_UNREACHABLE})
 
+# A container's termination message is kept up to this many characters (the kubelet keeps 4 KiB; a
+# condition's message is read by people, and the status must stay small).
+MAX_TERMINATION_MESSAGE_CHARS = 1024
+# Waiting reasons that are steps of a normal start, not a problem worth reporting.
+NORMAL_WAITING_REASONS = frozenset({"", "ContainerCreating", "PodInitializing"})
+
 # DisruptionTarget reasons that say the node, not the scheduler or a user, caused the disruption.
 NODE_DISRUPTION_REASONS = frozenset({"DeletionByTaintManager", "TerminationByKubelet"})
 
@@ -58,6 +64,9 @@ class NodeState:
     ready: str  # "True", "False" or "Unknown" (a node without a Ready condition reads "Unknown")
     ready_since: datetime | None  # the Ready condition's lastTransitionTime
     taints: tuple[Taint, ...]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    allocatable: Mapping[str, str] = field(default_factory=dict)  # resource name -> quantity
+    unschedulable: bool = False  # spec.unschedulable (cordoned)
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,11 @@ class PodState:
     deletion_grace_seconds: int | None
     disruption: str | None  # the DisruptionTarget condition's reason, if the condition is True
     status_reason: str  # status.reason, e.g. "Evicted"
+    # status.message and, for a container that exited non-zero, its exit code, reason and
+    # termination message (state.terminated, else lastState.terminated).
     message: str
+    # Why a container cannot start (ErrImagePull, CreateContainerConfigError, ...), with its message.
+    waiting: str
     created: datetime | None
     restart_count_annotation: int | None  # the podReplacement count the pod was created under
     tolerations: tuple[Toleration, ...]
@@ -91,6 +104,8 @@ class Observed:
     ensure_base: bool = False
     # In-memory offsets of the trainer's restart counters, keyed by pod uid (see progress.fold_progress).
     offsets: Mapping[str, RestartOffset] = field(default_factory=dict)
+    # When the API server last refused one of the job's children (in memory; see decide.admission).
+    refused_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -134,7 +149,15 @@ def observe_node(body: Mapping[str, Any]) -> NodeState:
         )
         for t in map(_mapping, _list(spec.get("taints")))
     )
-    return NodeState(name=_str(metadata.get("name")), ready=ready, ready_since=since, taints=taints)
+    return NodeState(
+        name=_str(metadata.get("name")),
+        ready=ready,
+        ready_since=since,
+        taints=taints,
+        labels={str(k): _str(v) for k, v in _mapping(metadata.get("labels")).items()},
+        allocatable={str(k): str(v) for k, v in _mapping(status.get("allocatable")).items()},
+        unschedulable=bool(spec.get("unschedulable")),
+    )
 
 
 def observe_pod(body: Mapping[str, Any]) -> PodState | None:
@@ -161,14 +184,10 @@ def observe_pod(body: Mapping[str, Any]) -> PodState | None:
             ready = True
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
             disruption = _str(condition.get("reason")) or "Disrupted"
-    message = _str(status.get("message"))
-    for container in map(_mapping, _list(status.get("containerStatuses"))):
-        terminated = _mapping(_mapping(container.get("state")).get("terminated"))
-        if terminated and terminated.get("exitCode") not in (None, 0) and not message:
-            message = f"container {_str(container.get('name'))} exited with code {terminated.get('exitCode')}"
-            reason = _str(terminated.get("reason"))
-            if reason:
-                message += f" ({reason})"
+    containers = [_mapping(c) for c in _list(status.get("containerStatuses"))]
+    exits = [m for m in map(_exit_message, containers) if m]
+    message = "; ".join(m for m in (_str(status.get("message")), *exits) if m)
+    waiting = "; ".join(m for m in map(_waiting_message, containers) if m)
     tolerations = tuple(
         Toleration(
             key=_str(t.get("key")),
@@ -194,11 +213,46 @@ def observe_pod(body: Mapping[str, Any]) -> PodState | None:
         disruption=disruption,
         status_reason=_str(status.get("reason")),
         message=message,
+        waiting=waiting,
         created=parse_time(metadata.get("creationTimestamp")),
         restart_count_annotation=int(restart_count) if restart_count.isdigit() else None,
         tolerations=tolerations,
         report=parse_report(_str(annotations.get(constants.ANNOTATION_PROGRESS)) or None),
     )
+
+
+def _clip(text: str) -> str:
+    text = text.strip()
+    if len(text) <= MAX_TERMINATION_MESSAGE_CHARS:
+        return text
+    return text[: MAX_TERMINATION_MESSAGE_CHARS - 3] + "..."
+
+
+def _exit_message(container: Mapping[str, Any]) -> str:
+    """`container C exited with code N (Reason): message` for a non-zero exit, else ''."""
+    for state in (container.get("state"), container.get("lastState")):
+        terminated = _mapping(_mapping(state).get("terminated"))
+        code = terminated.get("exitCode")
+        if not terminated or code in (None, 0):
+            continue
+        text = f"container {_str(container.get('name'))} exited with code {code}"
+        reason = _str(terminated.get("reason"))
+        if reason:
+            text += f" ({reason})"
+        detail = _clip(_str(terminated.get("message")))
+        return f"{text}: {detail}" if detail else text
+    return ""
+
+
+def _waiting_message(container: Mapping[str, Any]) -> str:
+    """`container C waiting: Reason: message` when a container cannot start, else ''."""
+    waiting = _mapping(_mapping(container.get("state")).get("waiting"))
+    reason = _str(waiting.get("reason"))
+    if not waiting or reason in NORMAL_WAITING_REASONS:
+        return ""
+    detail = _clip(_str(waiting.get("message")))
+    text = f"container {_str(container.get('name'))} waiting: {reason}"
+    return f"{text}: {detail}" if detail else text
 
 
 def observe(
@@ -207,10 +261,17 @@ def observe(
     *,
     ensure_base: bool = False,
     offsets: Mapping[str, RestartOffset] | None = None,
+    refused_at: datetime | None = None,
 ) -> Observed:
     pod_states = tuple(p for p in (observe_pod(body) for body in pods) if p is not None)
     node_states = {n.name: n for n in (observe_node(body) for body in nodes) if n.name}
-    return Observed(pods=pod_states, nodes=node_states, ensure_base=ensure_base, offsets=dict(offsets or {}))
+    return Observed(
+        pods=pod_states,
+        nodes=node_states,
+        ensure_base=ensure_base,
+        offsets=dict(offsets or {}),
+        refused_at=refused_at,
+    )
 
 
 def node_problem(

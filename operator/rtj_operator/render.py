@@ -281,6 +281,9 @@ def _container(job: ResilientTrainingJob, uid: str, role: str, index: int) -> di
         "imagePullPolicy": spec.image_pull_policy.value,
         "command": [LAUNCH_COMMAND],
         "args": ["--", *spec.command, *spec.args],
+        # A container that fails without writing /dev/termination-log reports the tail of its log:
+        # the operator puts that message in the job's condition and Event (observe.observe_pod).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.working_dir is not None:
         container["workingDir"] = spec.working_dir

@@ -48,7 +48,8 @@ def node_body(name: str, *, ready: str = "True", since: datetime = T0) -> dict[s
         },
         "spec": {},
         "status": {
-            "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": format_time(since)}]
+            "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": format_time(since)}],
+            "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"},
         },
     }
 
@@ -81,6 +82,9 @@ class World:
     actions_applied: list[decide.Action] = field(default_factory=list)
     job_deleted: bool = False
     uids: Any = field(default_factory=lambda: itertools.count(1))
+    # A ResourceQuota on the namespace's pod count, as the API server's quota admission applies it.
+    quota_pods: int | None = None
+    refused_at: datetime | None = None
 
     @classmethod
     def with_nodes(cls, job: dict[str, Any], count: int) -> World:
@@ -112,7 +116,11 @@ class World:
 
     def observed(self, *, ensure_base: bool = False) -> observe.Observed:
         return observe.observe(
-            self.pods.values(), self.nodes.values(), ensure_base=ensure_base, offsets=self.offsets
+            self.pods.values(),
+            self.nodes.values(),
+            ensure_base=ensure_base,
+            offsets=self.offsets,
+            refused_at=self.refused_at,
         )
 
     def plan(self, *, ensure_base: bool = False) -> decide.Plan:
@@ -132,8 +140,39 @@ class World:
         for n, action in enumerate(plan.actions):
             if stop_after is not None and n >= stop_after:
                 break
+            refusal = self.refusal(action)
+            if refusal is not None:
+                # As runtime.passes does: the refusal becomes a condition in the same pass.
+                self.actions_applied.append(action)
+                self.refused_at = self.now
+                status, _, emitted = decide.record_refusal(
+                    self.job.get("status", {}), self.job["metadata"]["generation"], refusal, self.now
+                )
+                self.job["status"] = status
+                self.events.extend(emitted)
+                break
             self.apply(action)
         return plan
+
+    def refusal(self, action: decide.Action) -> decide.Refusal | None:
+        """What the API server's quota admission says of a create, as runtime.kube reports it."""
+        if not isinstance(action, decide.CreateObject) or action.kind != "Pod" or self.quota_pods is None:
+            return None
+        if action.name in self.pods or len(self.pods) < self.quota_pods:
+            return None
+        used = len(self.pods)
+        return decide.Refusal(
+            "Pod",
+            action.name,
+            403,
+            "Forbidden",
+            f'pods "{action.name}" is forbidden: exceeded quota: q, requested: pods=1, '
+            f"used: pods={used}, limited: pods={self.quota_pods}",
+        )
+
+    def creates(self, kind: str = "Pod") -> int:
+        """Create calls made so far for objects of `kind` (refused ones included)."""
+        return sum(1 for a in self.actions_applied if isinstance(a, decide.CreateObject) and a.kind == kind)
 
     def apply(self, action: decide.Action) -> None:
         self.actions_applied.append(action)

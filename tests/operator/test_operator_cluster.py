@@ -4,6 +4,8 @@ invalid objects. Fault tests use the embedded local cluster's fault injection.""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,10 @@ from operator_cluster import (
     wait_state,
 )
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import kubectl, wait_for
+from rtj_localcluster.testing import create_namespace, kubectl, wait_for
 from rtj_operator import constants, events
 from rtj_operator.main import EmbeddedOperator
+from rtj_operator.runtime import kube
 
 pytestmark = pytest.mark.slow
 CPU_CLUSTER = pytest.mark.local_cluster(nodes=4, profile="cpu", node_monitor_grace_seconds=3.0)
@@ -317,3 +320,161 @@ def test_success_then_ttl_deletes_the_job_and_delete_policy_its_volume(
             lambda: not get(kc, "-n", "default", "pvc", "done-checkpoints"), timeout=60, message="pvc gone"
         )
         wait_for(lambda: not pods(kc, "default", "done"), timeout=60, message="pods gone")
+
+
+def _instance_type(kubeconfig: Path) -> str:
+    return str(get(kubeconfig, "nodes")["items"][0]["metadata"]["labels"][constants.LABEL_INSTANCE_TYPE])
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
+
+
+def test_a_child_refused_by_a_resource_quota_is_a_condition_and_is_not_retried(
+    kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+    creates: list[str] = []
+    create = kube.Kube.create
+
+    def counting_create(self: kube.Kube, manifest: Mapping[str, Any]) -> bool:
+        if manifest.get("kind") == "Pod":
+            creates.append(str(manifest["metadata"]["name"]))
+        return create(self, manifest)
+
+    monkeypatch.setattr(kube.Kube, "create", counting_create)
+    try:
+        kubectl(kubeconfig, "-n", namespace, "create", "quota", "pods", "--hard=pods=1")
+        wait_for(
+            lambda: get(kubeconfig, "-n", namespace, "resourcequota", "pods").get("status", {}).get("hard"),
+            timeout=60,
+            message="the quota's status",
+        )
+        with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+            manifest = job_manifest("quota", namespace, nodes=2, instanceType=_instance_type(kubeconfig))
+            apply(kubeconfig, manifest, tmp_path)
+
+            def blocked() -> dict[str, Any] | None:
+                found = _condition(job_status(kubeconfig, namespace, "quota"), events.COND_BLOCKED)
+                return found if found and found["status"] == "True" else None
+
+            condition = wait_for(blocked, timeout=60, interval=0.2, message="the Blocked condition")
+            # Within one reconcile: one create per worker, the refused one included, then the condition.
+            assert creates == ["quota-worker-0", "quota-worker-1"]
+            assert condition["reason"] == events.QUOTA_EXCEEDED and condition["observedGeneration"] == 1
+            # The API server's own message: which quota, what was asked, used and limited.
+            assert "exceeded quota: pods" in condition["message"]
+            assert "limited: pods=1" in condition["message"]
+            wait_for(
+                lambda: events.QUOTA_EXCEEDED in event_reasons(kubeconfig, namespace, "quota"),
+                timeout=30,
+                message="the QuotaExceeded Event",
+            )
+            # Worker 0 starts (pod events, passes), and still nothing is created again.
+            wait_for(lambda: running_pods_on(kubeconfig, namespace, "quota"), timeout=60, message="worker 0")
+            time.sleep(5)
+            assert creates == ["quota-worker-0", "quota-worker-1"]
+            assert event_reasons(kubeconfig, namespace, "quota").count(events.QUOTA_EXCEEDED) == 1
+            assert job_status(kubeconfig, namespace, "quota")["state"] == "Pending"
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_a_status_written_by_someone_else_is_corrected_on_the_next_event(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+    try:
+        with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+            manifest = job_manifest("forged", namespace, nodes=1, instanceType=_instance_type(kubeconfig))
+            apply(kubeconfig, manifest, tmp_path)
+            wait_state(kubeconfig, namespace, "forged", "Running")
+            forged = {
+                "status": {
+                    "state": "Succeeded",
+                    "conditions": [
+                        {
+                            "type": "Succeeded",
+                            "status": "True",
+                            "reason": "Forged",
+                            "message": "written by hand",
+                            "lastTransitionTime": "2026-01-01T00:00:00Z",
+                        }
+                    ],
+                }
+            }
+            kubectl(
+                kubeconfig,
+                "-n",
+                namespace,
+                "patch",
+                "rtj",
+                "forged",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                json.dumps(forged),
+            )
+            started = time.monotonic()
+            status = wait_state(kubeconfig, namespace, "forged", "Running", timeout=30)
+            assert time.monotonic() - started < 10  # the next event, not the 60 s safety net
+            assert (_condition(status, events.COND_SUCCEEDED) or {}).get("status") != "True"
+            assert events.STATUS_OVERWRITTEN in event_reasons(kubeconfig, namespace, "forged")
+            assert len(running_pods_on(kubeconfig, namespace, "forged")) == 1  # nothing was torn down
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_a_job_larger_than_the_cluster_creates_no_pods_and_says_why(kubeconfig: Path, tmp_path: Path) -> None:
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+    try:
+        with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+            manifest = job_manifest("huge", namespace, nodes=1000, instanceType=_instance_type(kubeconfig))
+            apply(kubeconfig, manifest, tmp_path)
+
+            def blocked() -> dict[str, Any] | None:
+                found = _condition(job_status(kubeconfig, namespace, "huge"), events.COND_BLOCKED)
+                return found if found and found["status"] == "True" else None
+
+            condition = wait_for(blocked, timeout=60, message="the Blocked condition")
+            assert condition["reason"] == events.INSUFFICIENT_NODES
+            assert condition["message"].startswith("1000 nodes needed for the workers")
+            time.sleep(3)
+            assert not pods(kubeconfig, namespace, "huge")
+            assert event_reasons(kubeconfig, namespace, "huge").count(events.INSUFFICIENT_NODES) == 1
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_a_pod_refused_by_pod_security_is_a_child_rejected_condition(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    install_crd(kubeconfig)
+    # The workers add IPC_LOCK, which the restricted Pod Security level forbids.
+    namespace = create_namespace(
+        kubeconfig, "rtj-test", labels={"pod-security.kubernetes.io/enforce": "restricted"}
+    )
+    try:
+        with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+            manifest = job_manifest("psa", namespace, nodes=1, instanceType=_instance_type(kubeconfig))
+            apply(kubeconfig, manifest, tmp_path)
+
+            def blocked() -> dict[str, Any] | None:
+                found = _condition(job_status(kubeconfig, namespace, "psa"), events.COND_BLOCKED)
+                return found if found and found["status"] == "True" else None
+
+            condition = wait_for(blocked, timeout=60, message="the Blocked condition")
+            assert condition["reason"] == events.CHILD_REJECTED
+            assert "403 Forbidden" in condition["message"] and "violates PodSecurity" in condition["message"]
+            wait_for(
+                lambda: events.CHILD_REJECTED in event_reasons(kubeconfig, namespace, "psa"),
+                timeout=30,
+                message="the ChildRejected Event",
+            )
+            assert not pods(kubeconfig, namespace, "psa")
+            assert events.CHILDREN_CREATED not in event_reasons(kubeconfig, namespace, "psa")
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)

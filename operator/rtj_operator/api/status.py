@@ -55,7 +55,7 @@ class ConditionStatus(enum.StrEnum):
 class Condition(StatusModel):
     """A Kubernetes-style condition."""
 
-    type: str = Field(description="type is Ready, Recovering, Suspended, Succeeded or Failed.")
+    type: str = Field(description="type is Ready, Recovering, Suspended, Succeeded, Failed or Blocked.")
     status: ConditionStatus = Field(description="status is True, False or Unknown.")
     reason: str | None = Field(
         default=None, description="reason is a CamelCase word for the last transition."
@@ -163,7 +163,8 @@ class ResilientTrainingJobStatus(StatusModel):
         list[Condition],
         SchemaExtra({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
     ] = Field(
-        default_factory=list, description="conditions are Ready, Recovering, Suspended, Succeeded, Failed."
+        default_factory=list,
+        description="conditions are Ready, Recovering, Suspended, Succeeded, Failed, Blocked.",
     )
     start_time: DateTime | None = Field(
         default=None, description="startTime is when the job's pods were first created."

@@ -27,6 +27,8 @@ The modules, in reading order:
 - `failures`: lost workers, fault counting and budgets, node faults and exclusion.
 - `placement`: workers and spares toward running pods; hot spares used for replacements.
 - `lifecycle`: running, suspended, resumed, finished, TTL, invalid specs, deletion.
+- `admission`: children the API server refused; creates held until the spec changes or a recheck.
+- `capacity`: whether enough nodes could ever hold a worker; no pod is created until they do.
 - `conditions`: conditions and the state derived from them.
 """
 
@@ -40,11 +42,19 @@ from rtj_operator.decide.actions import (
     Plan,
     TaintNode,
 )
+from rtj_operator.decide.admission import (
+    PERMANENT_CODES,
+    REFUSAL_RECHECK_SECONDS,
+    Refusal,
+    record_refusal,
+)
 from rtj_operator.decide.conditions import set_condition
-from rtj_operator.decide.lifecycle import finalize, reconcile_invalid
+from rtj_operator.decide.lifecycle import comparable, finalize, reconcile_invalid
 from rtj_operator.decide.reconciler import reconcile
 
 __all__ = [
+    "PERMANENT_CODES",
+    "REFUSAL_RECHECK_SECONDS",
     "Action",
     "CreateObject",
     "DeleteJob",
@@ -52,9 +62,12 @@ __all__ = [
     "DeletePod",
     "Event",
     "Plan",
+    "Refusal",
     "TaintNode",
+    "comparable",
     "finalize",
     "reconcile",
     "reconcile_invalid",
+    "record_refusal",
     "set_condition",
 ]

@@ -26,6 +26,9 @@ from rtj_operator.decide.state import SPARE, WORKER, PassState
 from rtj_operator.observe import JobView
 from rtj_operator.progress import format_time, parse_time
 
+# The Ready condition names at most this many workers whose containers cannot start.
+MAX_WAITING_LISTED = 3
+
 
 def finished(run: PassState) -> bool:
     return cond.finished(run.conditions)
@@ -65,7 +68,7 @@ def mark_started(run: PassState, first_start: bool) -> None:
 
 def ensure_base(run: PassState) -> None:
     """The Service, storage and RBAC, asserted before the pods that need them (creates are idempotent)."""
-    if (run.created_pods or run.observed.ensure_base) and not finished(run):
+    if (run.created_pods or run.observed.ensure_base) and not finished(run) and not run.holding:
         run.actions[:0] = [CreateObject(m) for m in render.render_base(run.job.model, uid=run.job.uid)]
 
 
@@ -84,11 +87,23 @@ def update_running_conditions(run: PassState) -> None:
             run.condition(events.COND_RECOVERING, False, events.JOB_RECOVERED, "all workers are ready again")
             return
     else:
-        run.condition(
-            events.COND_READY, False, events.REASON_WORKERS_NOT_READY, f"{ready}/{nodes} workers ready"
-        )
+        run.condition(events.COND_READY, False, events.REASON_WORKERS_NOT_READY, _not_ready_message(run))
     if not cond.condition_set(run.conditions, events.COND_RECOVERING):
         run.condition(events.COND_RECOVERING, False, events.REASON_NO_FAULT, "no fault is being recovered")
+
+
+def _not_ready_message(run: PassState) -> str:
+    """`r/n workers ready`, and why a worker's container cannot start (ErrImagePull, ...) if one says."""
+    ready, _, _ = run.worker_counts()
+    waiting = [
+        f"{pod.name}: {pod.waiting}"
+        for i in range(run.job.nodes)
+        if (pod := run.pod(WORKER, i)) is not None and pod.waiting
+    ]
+    more = (
+        [f"and {len(waiting) - MAX_WAITING_LISTED} more waiting"] if len(waiting) > MAX_WAITING_LISTED else []
+    )
+    return "; ".join([f"{ready}/{run.job.nodes} workers ready", *waiting[:MAX_WAITING_LISTED], *more])
 
 
 def _succeed(run: PassState) -> None:

@@ -5,7 +5,9 @@ Read top to bottom, it is the operator's design (docs/architecture.md, "The oper
 1. A finished job keeps what it must and expires after its TTL; a suspended job gives up its pods.
 2. Otherwise: resume if it was suspended, drop what is beyond the spec, detect the workers lost
    since the last pass and count them against the budget (`failures`); a job out of budget fails.
-3. Judge the spares' nodes, then drive every worker and spare toward a running pod (`placement`).
+3. Judge the spares' nodes, then drive every worker and spare toward a running pod (`placement`),
+   unless the API server refused one of the job's children for this spec (`admission`) or too few
+   nodes could ever hold a worker (`capacity`).
 4. Set Ready/Recovering/Succeeded (`lifecycle`), assert the base children before any new pod, fold
    the trainers' progress reports, and write it all as the next status.
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from rtj_operator.decide import failures, lifecycle, placement
+from rtj_operator.decide import admission, capacity, failures, lifecycle, placement
 from rtj_operator.decide.actions import Plan
 from rtj_operator.decide.state import WORKER, PassState
 from rtj_operator.observe import JobView, Observed
@@ -49,6 +51,9 @@ def _run_active(run: PassState) -> None:
     first_start = run.start_time is None
     placement.run_workers(run)
     placement.run_spares(run)
+    admission.hold_creates(run)
+    capacity.hold_pods(run)
+    admission.clear_refusal(run)
     lifecycle.mark_started(run, first_start)
     lifecycle.update_running_conditions(run)
 

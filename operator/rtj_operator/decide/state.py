@@ -164,6 +164,7 @@ class PassState:
         default_factory=lambda: {"node_losses": 0, "pod_replacements": 0, "gang_restarts": 0}
     )
     created_pods: bool = False
+    holding: bool = False  # creates held back after the API server refused a child (decide.admission)
     faulted_nodes: set[str] = field(default_factory=set)  # a node's fault counts once per pass
     spares_taken: set[int] = field(default_factory=set)  # spares given up for replacements
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import kopf
 
+from rtj_operator import events
 from rtj_operator.runtime.kube import Kube
 from rtj_operator.runtime.queue import JobKey, WorkQueue
 
@@ -48,6 +49,12 @@ class OperatorContext:
             return []
         return [body for store in self.nodes.values() for body in store]
 
+    def jobs_waiting_for_nodes(self) -> list[JobKey]:
+        """The jobs blocked because too few nodes could hold their workers (a node may change that)."""
+        return [
+            key for key, store in (self.jobs or {}).items() if any(_waiting_for_nodes(body) for body in store)
+        ]
+
     def jobs_on_node(self, node: str) -> list[JobKey]:
         """The jobs with a pod bound to `node`."""
         return [
@@ -55,3 +62,14 @@ class OperatorContext:
             for key, store in (self.pods or {}).items()
             if any(pod.get("spec", {}).get("nodeName") == node for pod in store)
         ]
+
+
+def _waiting_for_nodes(body: dict[str, Any]) -> bool:
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any(
+        isinstance(c, dict)
+        and c.get("type") == events.COND_BLOCKED
+        and c.get("status") == "True"
+        and c.get("reason") == events.INSUFFICIENT_NODES
+        for c in conditions
+    )

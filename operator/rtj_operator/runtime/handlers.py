@@ -3,7 +3,8 @@
 `register(registry)` registers, on one registry per operator instance (per process or per test):
 the settings (on.startup) and the login; indexes of jobs, pods (by job) and nodes; job
 create/update/resume (a pass that also asserts the base children), a timer as a safety net, and
-delete (the finalizer: `passes.finalize_job`); pod and node events. Every handler only records kopf's
+delete (the finalizer: `passes.finalize_job`); every job event, for a status written by someone
+else (`passes.overwritten`); pod and node events. Every handler only records kopf's
 indexes in the context and asks the work queue for a pass (`queue.WorkQueue.trigger`).
 """
 
@@ -45,6 +46,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.update(*_JOBS, field="spec", id="job_updated", registry=registry)(job_changed)
     kopf.timer(*_JOBS, interval=TIMER_INTERVAL_SECONDS, id="job_timer", registry=registry)(job_timer)
     kopf.on.delete(*_JOBS, id="job_deleted", registry=registry)(job_deleted)
+    kopf.on.event(*_JOBS, id="job_event", registry=registry)(job_event)
     # What the jobs' pods and the nodes do.
     kopf.on.event("pods", labels={constants.LABEL_JOB: kopf.PRESENT}, id="pod_event", registry=registry)(
         pod_event
@@ -141,6 +143,18 @@ async def job_timer(**kwargs: Any) -> None:
     await memo.queue.trigger(_job_key(kwargs))
 
 
+async def job_event(**kwargs: Any) -> None:
+    """Any change of a job, its status included: the spec handlers above cover spec changes; a status
+    that differs from the operator's last write was written by someone else and is corrected now."""
+    memo = remember_indexes(kwargs)
+    key = _job_key(kwargs)
+    runner = memo.queue.runners.get(key)
+    if kwargs.get("type") is None or runner is None:
+        return  # the initial listing (resume handlers cover it), or a job not reconciled yet
+    if passes.overwritten(runner, kwargs["body"]):
+        await memo.queue.trigger(key)
+
+
 async def job_deleted(**kwargs: Any) -> None:
     memo = remember_indexes(kwargs)
     await passes.finalize_job(memo, _job_key(kwargs), kwargs["body"])
@@ -158,5 +172,5 @@ async def node_event(**kwargs: Any) -> None:
     memo = remember_indexes(kwargs)
     if kwargs.get("type") is None:
         return  # the initial listing: the jobs' own resume handlers cover it
-    for key in memo.jobs_on_node(kwargs["name"]):
+    for key in sorted({*memo.jobs_on_node(kwargs["name"]), *memo.jobs_waiting_for_nodes()}):
         await memo.queue.trigger(key)

@@ -7,7 +7,9 @@ annotation patches) itself. The Helm chart's ClusterRole must grant exactly `REQ
 
 Synchronous on purpose: the official client is synchronous; `runtime` runs these calls in worker
 threads. Creates treat 409 AlreadyExists as success and deletes treat 404 NotFound as success, which
-makes every action safe to repeat.
+makes every action safe to repeat. A create refused for good (400, 403, 422) raises `RefusedError`
+with the API server's message (`decide.admission` turns it into a condition); 429 and 5xx stay
+transient errors that the work queue retries.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ from typing import Any, Final
 import kubernetes
 
 from rtj_operator import constants
-from rtj_operator.decide import Action, CreateObject, DeleteJob, DeleteObject, DeletePod, TaintNode
+from rtj_operator.decide import (
+    PERMANENT_CODES,
+    Action,
+    CreateObject,
+    DeleteJob,
+    DeleteObject,
+    DeletePod,
+    Refusal,
+    TaintNode,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +114,40 @@ RESOURCES: Final[dict[str, Resource]] = {
 
 class ConflictError(Exception):
     """The object changed since it was read (HTTP 409 on an update with a resourceVersion)."""
+
+
+class RefusedError(Exception):
+    """The API server refused a create for good (400, 403, 422): retrying the same request is useless."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.describe())
+        self.refusal = refusal
+
+
+def refusal_from(manifest: Mapping[str, Any], error: kubernetes.client.ApiException) -> Refusal:
+    """The API server's own account of a refused create: its Status's reason, message and causes."""
+    try:
+        status = json.loads(error.body or "{}")
+    except ValueError:
+        status = {}
+    if not isinstance(status, dict):
+        status = {}
+    message = str(status.get("message") or error.reason or "")
+    causes = (status.get("details") or {}).get("causes") or []
+    extra = [
+        f"{c.get('field')}: {c.get('message')}" if c.get("field") else str(c.get("message"))
+        for c in causes
+        if isinstance(c, dict) and c.get("message") and str(c.get("message")) not in message
+    ]
+    if extra:
+        message = "; ".join([message, *extra])
+    return Refusal(
+        kind=str(manifest.get("kind", "")),
+        name=str(manifest.get("metadata", {}).get("name", "")),
+        code=int(error.status or 0),
+        reason=str(status.get("reason") or error.reason or ""),
+        message=message,
+    )
 
 
 class Kube:
@@ -216,7 +261,11 @@ class Kube:
             raise
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
-        """Create an object; False when it already existed (which is success)."""
+        """Create an object; False when it already existed (which is success).
+
+        RefusedError when the API server refuses it for good (invalid, forbidden by a quota or an
+        admission policy); other errors (429, 5xx, connection) are raised as they are, to be retried.
+        """
         resource = RESOURCES[str(manifest["kind"])]
         namespace = manifest.get("metadata", {}).get("namespace")
         try:
@@ -224,6 +273,8 @@ class Kube:
         except kubernetes.client.ApiException as error:
             if error.status == 409:
                 return False
+            if error.status in PERMANENT_CODES:
+                raise RefusedError(refusal_from(manifest, error)) from error
             raise
         return True
 

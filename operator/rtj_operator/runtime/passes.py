@@ -3,16 +3,19 @@
 `queue` calls `run_pass(ctx, key, runner)`. It decides from kopf's indexes first (cheap, and for an
 idle job the end of the pass); only when something is to be done does it read the job and its pods
 fresh and decide again, so that no fault is counted twice and no pod is created twice. Then it
-writes status (optimistically, with the resourceVersion read), posts the Events and applies the
-actions. `finalize_job` is the same for a deleted job (the finalizer's work).
+writes status (optimistically, with the resourceVersion read), applies the actions and posts the
+Events; a create the API server refuses for good ends the actions and becomes a condition.
+`finalize_job` is the same for a deleted job (the finalizer's work).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import functools
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -23,6 +26,8 @@ from rtj_operator.runtime import kube
 from rtj_operator.runtime.context import OperatorContext
 from rtj_operator.runtime.queue import DEBOUNCE_SECONDS, JobKey, JobRunner, WorkQueue
 from rtj_operator.validation import JobValidationError
+
+logger = logging.getLogger(__name__)
 
 # What a decision was made from: the plan, the job as seen, and the body it was read from.
 Decided = tuple[decide.Plan, observe.JobView, dict[str, Any]]
@@ -52,16 +57,22 @@ async def run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
     if isinstance(decided, str):
         return decided
     plan, view, body = decided
-    if plan.status_changed and not await _write_status(ctx, body, plan.status):
-        return "conflict"
+    if plan.status_changed:
+        written = await _write_status(ctx, body, plan.status, runner)
+        if written is None:
+            return "conflict"
+        body = written
     runner.offsets = dict(plan.offsets)
     if ensure_base:
         runner.ensure_base = False
-    for event in plan.events:
-        post_event(body, event)
-    for action in plan.actions:
-        await asyncio.to_thread(ctx.kube.apply, action, key[0])
+    refused = await _apply(ctx, key, plan.actions)
     count_writes(ctx)
+    for event in plan.events:
+        # After a refusal, "created" is not what happened: the Blocked Warning says what did.
+        if refused is None or event.reason != events.CHILDREN_CREATED:
+            post_event(body, event)
+    if refused is not None:
+        return await _refused(ctx, runner, body, view.generation, refused)
     metrics.observe_pass(
         key[0],
         key[1],
@@ -76,6 +87,36 @@ async def run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
     return "acted" if plan.actions or plan.status_changed else "idle"
 
 
+async def _apply(
+    ctx: OperatorContext, key: JobKey, actions: Sequence[decide.Action]
+) -> decide.Refusal | None:
+    """Apply the actions in order; stop at a create the API server refuses for good and return it."""
+    for action in actions:
+        try:
+            await asyncio.to_thread(ctx.kube.apply, action, key[0])
+        except kube.RefusedError as error:
+            return error.refusal
+    return None
+
+
+async def _refused(
+    ctx: OperatorContext, runner: JobRunner, body: Mapping[str, Any], generation: int, refusal: decide.Refusal
+) -> str:
+    """A child refused for good: Blocked=True with the server's message, a Warning, and a slow recheck."""
+    runner.refused_at = _now()
+    logger.warning("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], refusal.describe())
+    status, changed, emitted = decide.record_refusal(
+        dict(body.get("status") or {}), generation, refusal, runner.refused_at
+    )
+    if changed and await _write_status(ctx, body, status, runner) is None:
+        return "conflict"
+    for event in emitted:
+        post_event(body, event)
+    key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
+    await ctx.queue.trigger(key, delay=decide.REFUSAL_RECHECK_SECONDS)
+    return "refused"
+
+
 async def _decide(
     ctx: OperatorContext, key: JobKey, runner: JobRunner, body: dict[str, Any], *, ensure_base: bool
 ) -> Decided | str:
@@ -85,8 +126,15 @@ async def _decide(
     except JobValidationError:
         fresh = await asyncio.to_thread(ctx.kube.get_job, *key)
         return "gone" if fresh is None else await _invalid(ctx, fresh)
+    if runner.last_status is not None and overwritten(runner, body):
+        # Someone else wrote the status, or the index lags our last write: read it fresh.
+        return await _decide_fresh(ctx, key, runner, ensure_base=ensure_base)
     observed = observe.observe(
-        ctx.job_pods(key), ctx.all_nodes(), ensure_base=ensure_base, offsets=runner.offsets
+        ctx.job_pods(key),
+        ctx.all_nodes(),
+        ensure_base=ensure_base,
+        offsets=runner.offsets,
+        refused_at=runner.refused_at,
     )
     plan = decide.reconcile(view, observed, _now())
     if not plan.actions and not plan.status_changed:
@@ -101,14 +149,44 @@ async def _decide_fresh(
     fresh = await asyncio.to_thread(ctx.kube.get_job, *key)
     if fresh is None or fresh.get("metadata", {}).get("deletionTimestamp"):
         return "gone"
+    foreign = runner.last_status is not None and overwritten(runner, fresh)
+    if foreign:
+        _restore_own_status(fresh, runner)
     try:
         view = observe.observe_job(fresh)
     except JobValidationError:
         return await _invalid(ctx, fresh)
     pods = await asyncio.to_thread(ctx.kube.list_pods, *key)
     nodes = await _nodes_confirmed(ctx, pods, view.status)
-    observed = observe.observe(pods, nodes, ensure_base=ensure_base, offsets=runner.offsets)
-    return decide.reconcile(view, observed, _now()), view, fresh
+    observed = observe.observe(
+        pods, nodes, ensure_base=ensure_base, offsets=runner.offsets, refused_at=runner.refused_at
+    )
+    plan = decide.reconcile(view, observed, _now())
+    if foreign:
+        plan = dataclasses.replace(plan, status_changed=True)  # the stored status must be rewritten
+    return plan, view, fresh
+
+
+def overwritten(runner: JobRunner, body: Mapping[str, Any]) -> bool:
+    """Whether the job's status differs from what this operator last wrote (None: nothing written yet)."""
+    if runner.last_status is None:
+        return False
+    theirs = decide.comparable(dict(body.get("status") or {}))
+    return theirs != decide.comparable(runner.last_status)
+
+
+def _restore_own_status(fresh: dict[str, Any], runner: JobRunner) -> None:
+    """Status is the operator's record: one written by anyone else is replaced by the operator's own,
+    which the pass then decides from and writes back (Event StatusOverwritten)."""
+    theirs = dict(fresh.get("status") or {})
+    own = copy.deepcopy(runner.last_status or {})
+    message = (
+        f"status was written by someone else (state {theirs.get('state') or 'unset'}); "
+        f"restored the operator's (state {own.get('state') or 'unset'})"
+    )
+    logger.warning("%s/%s: %s", fresh["metadata"]["namespace"], fresh["metadata"]["name"], message)
+    post_event(fresh, decide.Event(events.WARNING, events.STATUS_OVERWRITTEN, message))
+    fresh["status"] = own
 
 
 async def _nodes_confirmed(
@@ -132,20 +210,25 @@ async def _nodes_confirmed(
     return nodes
 
 
-async def _write_status(ctx: OperatorContext, body: Mapping[str, Any], status: dict[str, Any]) -> bool:
-    """Write status with the resourceVersion read; False (and a new pass soon) on a conflict."""
+async def _write_status(
+    ctx: OperatorContext, body: Mapping[str, Any], status: dict[str, Any], runner: JobRunner | None
+) -> dict[str, Any] | None:
+    """Write status with the resourceVersion read; the job as written, or None (and a new pass soon)
+    on a conflict. The stored status is remembered as the operator's own (`own_status`)."""
     metadata = body.get("metadata", {})
     namespace, name = metadata["namespace"], metadata["name"]
     try:
-        await asyncio.to_thread(
+        written = await asyncio.to_thread(
             ctx.kube.patch_status, namespace, name, status, metadata.get("resourceVersion")
         )
     except kube.ConflictError:
         # Someone (kopf's own annotations, a spec edit) wrote the job since it was read: decide
         # again from the newer version; nothing was done on the stale decision.
         await ctx.queue.trigger((namespace, name), delay=DEBOUNCE_SECONDS)
-        return False
-    return True
+        return None
+    if runner is not None:
+        runner.last_status = copy.deepcopy(dict(written.get("status") or {}))
+    return written
 
 
 async def _invalid(ctx: OperatorContext, body: Mapping[str, Any]) -> str:
@@ -161,7 +244,8 @@ async def _invalid(ctx: OperatorContext, body: Mapping[str, Any]) -> str:
     status, changed, emitted = decide.reconcile_invalid(
         dict(body.get("status") or {}), generation if isinstance(generation, int) else 0, message, _now()
     )
-    if changed and not await _write_status(ctx, body, status):
+    runner = ctx.queue.runners.get((str(metadata["namespace"]), str(metadata["name"])))
+    if changed and await _write_status(ctx, body, status, runner) is None:
         return "conflict"
     for event in emitted:
         post_event(body, event)

@@ -14,6 +14,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from rtj_operator import metrics
 from rtj_operator.progress import RestartOffset
@@ -42,6 +44,11 @@ class JobRunner:
     failures: int = 0
     # In-memory offsets of the trainers' restart counters (see progress.fold_progress).
     offsets: dict[str, RestartOffset] = field(default_factory=dict)
+    # When the API server last refused one of the job's children (see decide.admission).
+    refused_at: datetime | None = None
+    # The status as the API server stored it on this operator's last write: a different status read
+    # later was written by someone else (see passes.own_status).
+    last_status: dict[str, Any] | None = None
 
 
 # A pass over one job; returns the result label for metrics (acted, idle, conflict, gone, ...).
