@@ -12,8 +12,10 @@ Starts the embedded local cluster in this process and the operator as a separate
 - writes per minute while every job is idle (target 0);
 - the operator's resident memory (RSS) while serving `--jobs-for-memory` jobs.
 
-The jobs ask for an instance type no node has, so their pods stay Pending: the benchmark measures
-the operator, not the local kubelet starting hundreds of processes on a small machine.
+The jobs' pods go to 64 stand-in `cpu` Nodes that no kubelet runs (registered Ready once; the
+controller manager's grace period is an hour, so they stay Ready): the scheduler binds the pods and
+they stay Pending, so the benchmark measures the operator, not the local kubelet starting hundreds of
+processes on a small machine. The operator's capacity check sees nodes that can hold every worker.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 import psutil
 from rtj_localcluster.binaries import program
 from rtj_localcluster.cluster import LocalCluster, LocalClusterSettings
+from rtj_localcluster.nodes import PROFILES, node_object, node_status
 from rtj_operator import constants
 from rtj_operator.runtime.kube import Kube
 
@@ -51,7 +54,7 @@ def job(name: str, nodes: int) -> dict[str, Any]:
         "spec": {
             "image": "rtj-trainer:0.1.0",
             "nodes": nodes,
-            "instanceType": "cpu",  # the cluster's nodes are p5: the pods stay Pending
+            "instanceType": "cpu",  # only the stand-in nodes are cpu: the pods stay Pending
             "command": ["python", "-c", "pass"],
             "checkpoint": {"storage": {"dynamic": {"storageClassName": "local", "capacity": "1Gi"}}},
         },
@@ -139,6 +142,20 @@ def own_writes(port: int) -> float:
     return sum(v for k, v in scrape(port).items() if k.startswith("rtj_api_writes_total{"))
 
 
+def register_stand_in_nodes(kube: Kube, count: int) -> None:
+    """``count`` Ready `cpu` Nodes that no kubelet runs: pods bound to them never start."""
+    for index in range(count):
+        name = f"stand-in-{index}"
+        kube._call("POST", "/api/v1/nodes", body=node_object(name, PROFILES["cpu"]))
+        status = node_status(PROFILES["cpu"], host_ip="127.0.0.1", kubelet_port=1)
+        kube._call(
+            "PATCH",
+            f"/api/v1/nodes/{name}/status",
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -152,7 +169,11 @@ def main() -> int:
     args = parser.parse_args()
 
     state = Path(tempfile.mkdtemp(prefix="rtj-operator-bench-"))
-    cluster = LocalCluster(LocalClusterSettings(state_dir=state, nodes=2, node_status_interval_seconds=30.0))
+    cluster = LocalCluster(
+        LocalClusterSettings(
+            state_dir=state, nodes=2, node_status_interval_seconds=30.0, node_monitor_grace_seconds=3600.0
+        )
+    )
     cluster.start()
     kubeconfig = str(cluster.kubeconfig_path)
     subprocess.run(
@@ -176,6 +197,7 @@ def main() -> int:
         stderr=open(state / "operator.log", "w"),  # noqa: SIM115 (lives as long as the process)
     )
     kube = Kube.from_kubeconfig(kubeconfig)
+    register_stand_in_nodes(kube, 64)
     results: dict[str, Any] = {"cpus": os.cpu_count()}
     try:
         for _ in range(600):
