@@ -144,5 +144,16 @@ def test_a_rule_removed_from_the_clusterrole_fails_loudly(installed: Installed, 
     line = wait_for(refusal_logged, timeout=120, message="the operator to log the refused create")
     assert f"system:serviceaccount:{namespace}:{FULLNAME}" in line
     assert 'resource \\"services\\"' in line or 'resource \\"serviceaccounts\\"' in line, line
-    # Nothing that needs the Service was started.
+
+    # The job says so too: a Blocked condition with the API server's own words, and nothing started.
+    def blocked() -> dict[str, Any] | None:
+        status = get_json(kubeconfig, "rtj", "no-service", "-n", team).get("status") or {}
+        found = [
+            c for c in status.get("conditions") or [] if c["type"] == "Blocked" and c["status"] == "True"
+        ]
+        return found[0] if found else None
+
+    condition = wait_for(blocked, timeout=120, message="the job's Blocked condition")
+    assert condition["reason"] == "ChildRejected"
+    assert "forbidden" in condition["message"] and FULLNAME in condition["message"], condition
     assert not get_json(kubeconfig, "pods", "-n", team).get("items")
