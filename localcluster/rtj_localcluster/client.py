@@ -289,6 +289,9 @@ class Informer:
     def subscribe(self, callback: Callable[[], None]) -> None:
         self._subscribers.append(callback)
 
+    def unsubscribe(self, callback: Callable[[], None]) -> None:
+        self._subscribers.remove(callback)
+
     async def synced(self) -> None:
         await self._synced.wait()
 

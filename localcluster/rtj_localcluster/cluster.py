@@ -58,6 +58,19 @@ DEFAULT_TOLERATION_SECONDS = 300
 tolerations (Kubernetes' default)."""
 
 
+TAINT_NOT_READY = "node.kubernetes.io/not-ready"
+
+
+def node_schedulable(node: dict[str, Any] | None) -> bool:
+    """Ready, and no longer tainted not-ready by admission."""
+    if node is None:
+        return False
+    conditions = node.get("status", {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    tainted = any(t.get("key") == TAINT_NOT_READY for t in node.get("spec", {}).get("taints") or [])
+    return ready and not tainted
+
+
 def kill_cluster_processes(cluster_id: str) -> int:
     """SIGKILL every pod process a cluster started (found by its mark); returns how many."""
     if not cluster_id:
@@ -279,16 +292,19 @@ class LocalCluster:
             await self._client.close()
 
     async def _wait_nodes_ready(self, names: list[str]) -> None:
+        """Until every node is Ready and schedulable: a new Node carries the not-ready NoSchedule
+        taint (TaintNodesByCondition admission) until the node lifecycle controller has seen it
+        Ready, and a pod that does not tolerate it waits for that."""
         nodes = self._informers["nodes"]
-        while True:
-            ready = 0
-            for name in names:
-                node = nodes.get(name)
-                conditions = (node or {}).get("status", {}).get("conditions") or []
-                ready += any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-            if ready == len(names):
-                return
-            await asyncio.sleep(0.05)
+        changed = asyncio.Event()
+        nodes.subscribe(changed.set)
+        try:
+            while not all(node_schedulable(nodes.get(name)) for name in names):
+                changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=1)
+        finally:
+            nodes.unsubscribe(changed.set)
 
     async def _wait_default_service_account(self) -> None:
         """ServiceAccount admission refuses pods until the controller manager made ``default``."""

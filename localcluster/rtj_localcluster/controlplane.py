@@ -168,15 +168,22 @@ class ControlPlane:
         log.info("control plane up in %.1fs at %s", self.start_seconds, self.url)
 
     def stop(self) -> None:
-        """Stop the components, the API server's clients first."""
-        for name in reversed(list(self._processes)):
-            process = self._processes[name]
-            if process.poll() is None:
-                process.terminate()
-        for name in reversed(list(self._processes)):
+        """Stop the API server's clients and the API server together, then etcd (last, and given time
+        to close its database cleanly, so that ``--keep-state`` finds it whole). The cluster is
+        disposable: a component that has not exited within a few seconds is killed."""
+        clients = [name for name in self._processes if name != "etcd"]
+        self._terminate(clients, grace_seconds=5)
+        self._terminate([name for name in self._processes if name == "etcd"], grace_seconds=15)
+
+    def _terminate(self, names: list[str], grace_seconds: float) -> None:
+        for name in names:
+            if self._processes[name].poll() is None:
+                self._processes[name].terminate()
+        deadline = time.monotonic() + grace_seconds
+        for name in names:
             process = self._processes.pop(name)
             try:
-                process.wait(timeout=15)
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=5)

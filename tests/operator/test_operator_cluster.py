@@ -128,6 +128,9 @@ def test_node_kill_replaces_worker_on_the_hot_spares_node(cluster: LocalCluster,
             message="worker 1 to run on the spare's node",
         )
         assert moved
+        # The old pod, deleted on a dead node, would stay Terminating for good: the operator removed
+        # it (its name is the replacement's now), and nothing of the job is left on the dead node.
+        assert not [n for n, p in pods(kc, "default", "spare").items() if p["spec"].get("nodeName") == victim]
         status = wait_state(kc, "default", "spare", "Running", timeout=90)
         assert status["restarts"]["podReplacement"] == 1 and status["restarts"]["total"] >= 1
         assert [e["nodeName"] for e in status["excludedNodes"]] == [victim]
