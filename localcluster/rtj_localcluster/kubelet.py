@@ -49,6 +49,7 @@ from .podenv import (
     resolve_env,
     rewrite_path,
 )
+from .podnet import IpAllocator, container_env
 
 log = logging.getLogger(__name__)
 
@@ -80,18 +81,6 @@ class KubeletConfig:
     programs (``rtj-operator``, ``rtj-launch``)."""
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """Added to every container's environment (the cluster's own mark)."""
-
-
-class IpAllocator:
-    """Distinct loopback pod IPs 127.0.x.y (x >= 1: 127.0.0.x is left to the host's services)."""
-
-    def __init__(self) -> None:
-        self._next = 0
-
-    def allocate(self) -> str:
-        index = self._next
-        self._next += 1
-        return f"127.0.{1 + index // 254}.{1 + index % 254}"
 
 
 def signal_marked(uid: str, container: str | None, sig: int) -> int:
@@ -546,6 +535,7 @@ class PodWorker:
         # The identity marks must survive a user env that happens to reuse the names.
         env.update(self.kubelet.config.extra_env)
         env.update({MARK_POD: self.uid, MARK_CONTAINER: c.name, MARK_NODE: self.kubelet.name})
+        container_env(env, self.pod_ip)  # the pod's own wildcard address (rtj_localcluster.podnet)
         argv = container_argv(self.kubelet.with_entrypoint(c.spec), env, mounts)
         working_dir = c.spec.get("workingDir")
         cwd = Path(rewrite_path(working_dir, mounts)) if working_dir else self.dir / "work"
