@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from rtj_localcluster import kubelet as kubelet_module
 from rtj_localcluster import podnet
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
@@ -158,3 +159,27 @@ def test_two_torch_stores_on_the_same_port(api: SyncKubeClient, namespace: str) 
                 return None
 
         assert wait_for(value, timeout=90, message=f"the store of {name}") == ip.encode()
+
+
+def test_without_the_library_a_taken_container_port_waits_with_a_reason(
+    api: SyncKubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kubelet_module, "library", lambda: podnet.PodNet(None, "no C compiler (test)"))
+    monkeypatch.setattr(kubelet_module, "container_env", lambda env, pod_ip: None)
+    holder = socket.create_server(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    try:
+        api.create(path_for("pods", namespace), pod("late", SERVER, str(port), "0.0.0.0", ports=(port,)))
+
+        def waiting() -> dict[str, Any] | None:
+            obj = api.get_or_none(path_for("pods", namespace, "late")) or {}
+            statuses = obj.get("status", {}).get("containerStatuses") or [{}]
+            state: dict[str, Any] = statuses[0].get("state", {}).get("waiting") or {}
+            return state if state.get("reason") == "PortInUse" else None
+
+        state = wait_for(waiting, timeout=60, message="container waiting with reason PortInUse")
+        assert str(port) in state["message"] and "no C compiler (test)" in state["message"]
+    finally:
+        holder.close()
+    ip = running_ip(api, namespace, "late")
+    assert answer(ip, port) == ip

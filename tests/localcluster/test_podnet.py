@@ -84,3 +84,23 @@ def test_allocators_hold_distinct_blocks(tmp_path: Path) -> None:
     assert third.allocate() == f"127.{block}.1.1"  # a released block is free again
     second.release()
     third.release()
+
+
+def test_taken_ports_skips_listeners_of_the_same_owner() -> None:
+    port = free_port()
+    env = {**os.environ, podnet.OWNER_ENV: "job-uid"}
+    script = (
+        f"import socket, time\ns = socket.create_server(('0.0.0.0', {port}))\n"
+        "print('up', flush=True)\ntime.sleep(60)"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "up"
+            container = {"ports": [{"containerPort": port}, {"containerPort": port, "protocol": "UDP"}]}
+            assert podnet.taken_ports(container, "job-uid") == []  # worker 0 of the same job holds it
+            assert podnet.taken_ports(container, "other-uid") == [port]
+        finally:
+            holder.kill()
+    assert podnet.taken_ports({"ports": [{"containerPort": port}]}, "other-uid") == []

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ..binaries import cache_dir
 
 SOURCE = Path(__file__).resolve().parent / "podnet.c"
@@ -91,9 +93,29 @@ def container_env(env: dict[str, str], pod_ip: str) -> None:
     env["LD_PRELOAD"] = " ".join([str(lib), *existing])
 
 
-def taken_ports(container: Mapping[str, Any]) -> list[int]:
-    """The container's declared TCP ``containerPorts`` that some process of the machine listens on
-    already (on all addresses or on any one): what a container without the library cannot bind."""
+# The environment mark of a pod's processes that names the pod's controller (its owner's uid).
+OWNER_ENV = "RTJ_LOCAL_POD_OWNER"
+
+
+def _listeners(port: int) -> list[str | None]:
+    """For each process listening on TCP ``port``: its pod's owner mark ("" for a process outside
+    any pod; None when the process cannot be read)."""
+    owners: list[str | None] = []
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
+            continue
+        try:
+            owners.append(psutil.Process(conn.pid).environ().get(OWNER_ENV, "") if conn.pid else None)
+        except (psutil.Error, OSError):
+            owners.append(None)
+    return owners
+
+
+def taken_ports(container: Mapping[str, Any], owner: str) -> list[int]:
+    """The container's declared TCP ``containerPorts`` that a process of the machine already listens
+    on (on all addresses or on any one): what a container without the library cannot bind. A port
+    held only by pods of the same ``owner`` (worker 0 of the job holding the rendezvous port that
+    every worker declares) is not counted."""
     taken = []
     for item in container.get("ports") or []:
         port = int(item.get("containerPort") or 0)
@@ -104,9 +126,13 @@ def taken_ports(container: Mapping[str, Any]) -> list[int]:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("0.0.0.0", port))
+                continue
             except OSError as error:
-                if error.errno == errno.EADDRINUSE:
-                    taken.append(port)
+                if error.errno != errno.EADDRINUSE:
+                    continue
+        holders = _listeners(port)
+        if not holders or any(holder != owner for holder in holders):
+            taken.append(port)
     return taken
 
 
