@@ -153,7 +153,8 @@ class IpAllocator:
 
     def _claim(self) -> int:
         with contextlib.suppress(OSError):
-            self._lock_dir.mkdir(mode=0o1777, parents=True, exist_ok=True)
+            self._lock_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_dir.chmod(0o1777)  # every user's clusters take blocks here (not only umask's)
         for block in range(256):
             try:
                 fd = os.open(self._lock_dir / f"{block}.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
