@@ -16,7 +16,7 @@ from rtj_localcluster import kubelet as kubelet_module
 from rtj_localcluster import podnet
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import create_namespace, wait_for
+from rtj_localcluster.testing import create_namespace, require_podnet, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +117,7 @@ def namespace(shared_local_cluster: LocalCluster, api: SyncKubeClient) -> Iterat
 
 
 def test_two_pods_listen_on_the_same_port_of_all_addresses(api: SyncKubeClient, namespace: str) -> None:
-    assert podnet.library().path is not None, podnet.library().reason
+    require_podnet()
     port = free_port()
     api.create(path_for("pods", namespace), pod("ipv4", SERVER, str(port), "0.0.0.0"))
     api.create(path_for("pods", namespace), pod("dualstack", SERVER, str(port), "::"))
@@ -130,6 +130,7 @@ def test_two_pods_listen_on_the_same_port_of_all_addresses(api: SyncKubeClient, 
 def test_two_local_clusters_pods_on_the_same_port(
     shared_local_cluster: LocalCluster, local_cluster: LocalCluster, api: SyncKubeClient, namespace: str
 ) -> None:
+    require_podnet()
     port = free_port()
     api.create(path_for("pods", namespace), pod("first", SERVER, str(port), "0.0.0.0"))
     other_ns = create_namespace(local_cluster.kubeconfig_path, "net")
@@ -144,6 +145,7 @@ def test_two_local_clusters_pods_on_the_same_port(
 def test_two_torch_stores_on_the_same_port(api: SyncKubeClient, namespace: str) -> None:
     from torch.distributed import TCPStore
 
+    require_podnet()
     port = free_port()
     for name in ("store-a", "store-b"):
         api.create(path_for("pods", namespace), pod(name, STORE, str(port)))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from rtj_localcluster import podnet
+from rtj_localcluster.testing import require_podnet
 
 # Binds the wildcard (argv[2]: "0.0.0.0", a dual-stack "::" or an IPv6-only "::") on port argv[1],
 # connects to it through 127.0.0.1, and prints what it got.
@@ -35,10 +36,7 @@ with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
 
 @pytest.fixture(scope="module")
 def library() -> Path:
-    net = podnet.library()
-    if net.path is None:
-        pytest.skip(f"no pod network library: {net.reason}")
-    return net.path
+    return require_podnet()
 
 
 def free_port() -> int:

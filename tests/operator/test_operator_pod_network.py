@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 from operator_cluster import apply, install_crd, job_status, new_namespace
-from rtj_localcluster import podnet
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import wait_for
+from rtj_localcluster.testing import require_podnet, wait_for
 from rtj_operator.main import EmbeddedOperator
 
 pytestmark = pytest.mark.slow
@@ -23,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_two_jobs_on_the_same_rendezvous_port_both_succeed(
     local_cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    assert podnet.library().path is not None, podnet.library().reason
+    require_podnet()
     kubeconfig = local_cluster.kubeconfig_path
     install_crd(kubeconfig)
     namespace = new_namespace(kubeconfig)
