@@ -15,7 +15,7 @@ CHECKOV      := $(CHECKOV_VENV)/bin/checkov
 NVRX_0_7     := $(VENV)/nvrx-0.7.0
 NVRX_0_7_OK  := $(NVRX_0_7)/.installed
 
-.PHONY: setup control-plane demo test lint typecheck unit crds clean
+.PHONY: setup control-plane podnet demo test lint typecheck unit crds clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -40,12 +40,19 @@ $(HELM): scripts/install-helm.sh | $(STAMP)
 control-plane: | $(STAMP)
 	dir=$$(scripts/build-control-plane.sh) && ln -sf "$$dir/kubectl" $(BIN)/kubectl
 
+# The pod network library (localcluster/rtj_localcluster/podnet/podnet.c, LD_PRELOAD into every pod):
+# each pod's wildcard address becomes its own loopback IP, so pods do not collide on ports. Built
+# with the C compiler ($CC, else cc) into ~/.cache/rtj; without one the step says so and local
+# clusters run without it (pods then share the machine's ports).
+podnet: | $(STAMP)
+	$(BIN)/python -m rtj_localcluster.podnet
+
 $(NVRX_0_7_OK): scripts/install-nvrx-0.7.0.sh scripts/nvrx-0.7.0-deps.txt scripts/nvrx-0.7.0-wheel.txt | $(STAMP)
 	scripts/install-nvrx-0.7.0.sh $(NVRX_0_7) $(BIN)/python
 
-setup: $(STAMP) $(CHECKOV) $(HELM) $(NVRX_0_7_OK) control-plane
+setup: $(STAMP) $(CHECKOV) $(HELM) $(NVRX_0_7_OK) control-plane podnet
 
-demo: $(STAMP) control-plane
+demo: $(STAMP) control-plane podnet
 	$(BIN)/rtj demo
 
 lint: $(STAMP)
@@ -56,7 +63,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # The whole suite (the trainer tests on .venv's NVRx 0.4.1), then the trainer tests again on 0.7.0.
-test: $(STAMP) $(CHECKOV) $(HELM) $(NVRX_0_7_OK) control-plane lint typecheck
+test: $(STAMP) $(CHECKOV) $(HELM) $(NVRX_0_7_OK) control-plane podnet lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
 	RTJ_TEST_NVRX_VERSION=0.7.0 PYTHONPATH=$(abspath $(NVRX_0_7))$${PYTHONPATH:+:$$PYTHONPATH} \
 		$(BIN)/pytest tests/trainer

@@ -32,8 +32,9 @@ import psutil
 from .client import ApiError, Informer, KubeClient, KubeConfig, path_for
 from .controlplane import ControlPlane, ControlPlaneSettings, stop_marked_processes
 from .dns import HostsFileWriter
-from .kubelet import MARK_POD, IpAllocator, Kubelet, KubeletConfig, signal_marked
+from .kubelet import MARK_POD, Kubelet, KubeletConfig, signal_marked
 from .nodes import PROFILES, node_object
+from .podnet import IpAllocator, library
 from .volumes import Provisioner, default_storage_class
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,9 @@ class LocalCluster:
             )
         )
         self.control_plane.start()
+        podnet = library()  # built here once, not on the kubelets' event loop
+        if podnet.path is None:
+            log.warning("pods share the machine's ports (no pod network library: %s)", podnet.reason)
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._thread = threading.Thread(target=loop.run_forever, name="rtj-local-cluster", daemon=True)
@@ -232,6 +236,7 @@ class LocalCluster:
             self.control_plane.stop()
             self.control_plane = None
         stop_marked_processes(self.cluster_id)
+        self._ips.release()
 
     def _sweep_processes(self) -> None:
         kill_cluster_processes(self.cluster_id)

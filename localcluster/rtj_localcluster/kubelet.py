@@ -49,6 +49,7 @@ from .podenv import (
     resolve_env,
     rewrite_path,
 )
+from .podnet import OWNER_ENV, IpAllocator, container_env, library, taken_ports
 
 log = logging.getLogger(__name__)
 
@@ -80,18 +81,6 @@ class KubeletConfig:
     programs (``rtj-operator``, ``rtj-launch``)."""
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """Added to every container's environment (the cluster's own mark)."""
-
-
-class IpAllocator:
-    """Distinct loopback pod IPs 127.0.x.y (x >= 1: 127.0.0.x is left to the host's services)."""
-
-    def __init__(self) -> None:
-        self._next = 0
-
-    def allocate(self) -> str:
-        index = self._next
-        self._next += 1
-        return f"127.0.{1 + index // 254}.{1 + index % 254}"
 
 
 def signal_marked(uid: str, container: str | None, sig: int) -> int:
@@ -216,6 +205,13 @@ class PodWorker:
         self.kubelet._background.add(task)
         task.add_done_callback(self.kubelet._background.discard)
 
+    @property
+    def owner_uid(self) -> str:
+        """The uid of the pod's controller (the pod's own without one): pods of one workload share it."""
+        owners = self.pod.get("metadata", {}).get("ownerReferences") or []
+        controller = next((o for o in owners if o.get("controller")), owners[0] if owners else {})
+        return str(controller.get("uid") or self.uid)
+
     def log_path(self, container: str) -> Path:
         return self.dir / f"{container}.log"
 
@@ -243,7 +239,7 @@ class PodWorker:
         """Run ``c`` until the restart policy stops it; True when its last run exited 0."""
         backoff = self.kubelet.config.restart_backoff_seconds
         while True:
-            if self.terminating.is_set():
+            if self.terminating.is_set() or not await self._wait_for_free_ports(c):
                 return False
             code = await self._run_once(c)
             if self.terminating.is_set():
@@ -268,6 +264,27 @@ class PodWorker:
             # `kubectl logs --previous` reads the last instance's output from here.
             with contextlib.suppress(OSError):
                 os.replace(self.log_path(c.name), self.dir / f"{c.name}.previous.log")
+
+    async def _wait_for_free_ports(self, c: ContainerRuntime) -> bool:
+        """Without the pod network library a pod binds the machine's own ports: while a declared
+        containerPort is taken, the container waits (reason PortInUse) instead of crash-looping.
+        False when the pod terminates meanwhile."""
+        if library().path is not None:
+            return True
+        while taken := await asyncio.to_thread(taken_ports, c.spec, self.owner_uid):
+            message = (
+                f"containerPort {', '.join(map(str, taken))} is in use on this machine; pods share its "
+                f"ports because the pod network library is missing ({library().reason})"
+            )
+            if c.waiting != ("PortInUse", message):
+                c.waiting = ("PortInUse", message)
+                self.event("Warning", "PortInUse", message)
+                self._dirty.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.terminating.wait(), timeout=2)
+            if self.terminating.is_set():
+                return False
+        return True
 
     async def _run_once(self, c: ContainerRuntime) -> int:
         try:
@@ -527,6 +544,7 @@ class PodWorker:
         env[MARK_POD] = self.uid
         env[MARK_CONTAINER] = container_name
         env[MARK_NODE] = self.kubelet.name
+        env[OWNER_ENV] = self.owner_uid
         return env
 
     async def _spawn(self, c: ContainerRuntime) -> asyncio.subprocess.Process:
@@ -546,6 +564,8 @@ class PodWorker:
         # The identity marks must survive a user env that happens to reuse the names.
         env.update(self.kubelet.config.extra_env)
         env.update({MARK_POD: self.uid, MARK_CONTAINER: c.name, MARK_NODE: self.kubelet.name})
+        env[OWNER_ENV] = self.owner_uid
+        container_env(env, self.pod_ip)  # the pod's own wildcard address (rtj_localcluster.podnet)
         argv = container_argv(self.kubelet.with_entrypoint(c.spec), env, mounts)
         working_dir = c.spec.get("workingDir")
         cwd = Path(rewrite_path(working_dir, mounts)) if working_dir else self.dir / "work"

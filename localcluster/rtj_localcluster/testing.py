@@ -19,6 +19,7 @@ fresh namespace, ready for pods once its ``default`` ServiceAccount exists).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -28,6 +29,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from . import podnet
 from .binaries import program
 from .cluster import LocalCluster, LocalClusterSettings
 
@@ -138,3 +140,12 @@ def kubeconfig(request: pytest.FixtureRequest) -> Path:
         return Path(real)
     cluster: LocalCluster = request.getfixturevalue("shared_local_cluster")
     return cluster.kubeconfig_path
+
+
+def require_podnet() -> Path:
+    """The pod network library's path; skips where there is no C compiler, fails where it should build."""
+    net = podnet.library()
+    if net.path is None and shutil.which(os.environ.get("CC") or "cc") is None:
+        pytest.skip(f"no pod network library: {net.reason}")
+    assert net.path is not None, net.reason
+    return net.path
