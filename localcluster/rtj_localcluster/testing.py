@@ -10,6 +10,9 @@ Registered for the whole suite by ``tests/conftest.py``. Fixtures:
   and the kubelet and leave the nodes alone.
 - ``kubeconfig``: the path of a kubeconfig: ``RTJ_TEST_KUBECONFIG`` when set (a real cluster), else
   the shared local cluster's.
+- ``api``: a ``SyncKubeClient`` (the admin's) on the shared local cluster; ``namespace``: a fresh
+  namespace on it, named after the test module, deleted after the test. A module overrides either
+  by defining its own.
 
 Helpers: ``wait_for`` (poll until a condition holds, generous timeouts for loaded machines),
 ``kubectl`` (run the control plane's own kubectl against a kubeconfig) and ``create_namespace`` (a
@@ -31,6 +34,7 @@ import pytest
 
 from . import podnet
 from .binaries import program
+from .client import SyncKubeClient, path_for
 from .cluster import LocalCluster, LocalClusterSettings
 
 T = TypeVar("T")
@@ -149,3 +153,19 @@ def require_podnet() -> Path:
         pytest.skip(f"no pod network library: {net.reason}")
     assert net.path is not None, net.reason
     return net.path
+
+
+@pytest.fixture
+def api(shared_local_cluster: LocalCluster) -> Iterator[SyncKubeClient]:
+    with SyncKubeClient(shared_local_cluster.kubeconfig_path) as client:
+        yield client
+
+
+@pytest.fixture
+def namespace(
+    request: pytest.FixtureRequest, shared_local_cluster: LocalCluster, api: SyncKubeClient
+) -> Iterator[str]:
+    prefix = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")[:30]
+    name = create_namespace(shared_local_cluster.kubeconfig_path, prefix)
+    yield name
+    api.delete(path_for("namespaces", name=name))

@@ -10,7 +10,6 @@ import ipaddress
 import json
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,22 +17,9 @@ import psutil
 import pytest
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import create_namespace, kubectl, wait_for
+from rtj_localcluster.testing import kubectl, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def api(shared_local_cluster: LocalCluster) -> Any:
-    with SyncKubeClient(shared_local_cluster.kubeconfig_path) as client:
-        yield client
-
-
-@pytest.fixture
-def namespace(shared_local_cluster: LocalCluster, api: SyncKubeClient) -> Iterator[str]:
-    name = create_namespace(shared_local_cluster.kubeconfig_path, "t")
-    yield name
-    api.delete(path_for("namespaces", name=name))
 
 
 def pod_manifest(name: str, script: str, **spec: Any) -> dict[str, Any]:

@@ -4,29 +4,15 @@ dynamic provisioning by StorageClass), configMap/secret files, hostPath, subPath
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import create_namespace, kubectl, wait_for
+from rtj_localcluster.testing import kubectl, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def api(shared_local_cluster: LocalCluster) -> Iterator[SyncKubeClient]:
-    with SyncKubeClient(shared_local_cluster.kubeconfig_path) as client:
-        yield client
-
-
-@pytest.fixture
-def namespace(shared_local_cluster: LocalCluster, api: SyncKubeClient) -> Iterator[str]:
-    name = create_namespace(shared_local_cluster.kubeconfig_path, "v")
-    yield name
-    api.delete(path_for("namespaces", name=name))
 
 
 def claim(name: str, storage_class: str | None = None, volume_name: str | None = None) -> dict[str, Any]:

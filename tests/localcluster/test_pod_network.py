@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -101,19 +100,6 @@ def answer(ip: str, port: int) -> str:
 
     text: str = wait_for(attempt, timeout=60, message=f"an answer from {ip}:{port}")
     return text
-
-
-@pytest.fixture
-def api(shared_local_cluster: LocalCluster) -> Iterator[SyncKubeClient]:
-    with SyncKubeClient(shared_local_cluster.kubeconfig_path) as client:
-        yield client
-
-
-@pytest.fixture
-def namespace(shared_local_cluster: LocalCluster, api: SyncKubeClient) -> Iterator[str]:
-    name = create_namespace(shared_local_cluster.kubeconfig_path, "net")
-    yield name
-    api.delete(path_for("namespaces", name=name))
 
 
 def test_two_pods_listen_on_the_same_port_of_all_addresses(api: SyncKubeClient, namespace: str) -> None:

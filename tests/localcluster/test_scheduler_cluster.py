@@ -3,28 +3,14 @@ defaults, and retry when capacity appears."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import create_namespace, wait_for
+from rtj_localcluster.testing import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def api(shared_local_cluster: LocalCluster) -> Iterator[SyncKubeClient]:
-    with SyncKubeClient(shared_local_cluster.kubeconfig_path) as client:
-        yield client
-
-
-@pytest.fixture
-def namespace(shared_local_cluster: LocalCluster, api: SyncKubeClient) -> Iterator[str]:
-    name = create_namespace(shared_local_cluster.kubeconfig_path, "s")
-    yield name
-    api.delete(path_for("namespaces", name=name))
 
 
 def sleeper(name: str, gpus: int, **spec: Any) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from inside a pod of the embedded local cluster (or a real cluster's API)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,12 +25,6 @@ report = progress.progress_json(p, now=1700000100.0)
 sink.send(report)
 print("sent")
 """
-
-
-@pytest.fixture
-def api(shared_local_cluster: LocalCluster) -> Iterator[SyncKubeClient]:
-    with SyncKubeClient(shared_local_cluster.kubeconfig_path) as client:
-        yield client
 
 
 def test_progress_annotation_is_patched_from_inside_the_pod(
