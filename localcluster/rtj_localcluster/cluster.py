@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import sys
 import threading
@@ -27,12 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil
-
 from .client import ApiError, Informer, KubeClient, KubeConfig, path_for
 from .controlplane import ControlPlane, ControlPlaneSettings, stop_marked_processes
 from .dns import HostsFileWriter
 from .kubelet import MARK_POD, Kubelet, KubeletConfig, signal_marked
+from .marks import signal_matching
 from .nodes import PROFILES, node_object
 from .podnet import IpAllocator, library
 from .volumes import Provisioner, default_storage_class
@@ -76,17 +74,9 @@ def kill_cluster_processes(cluster_id: str) -> int:
     """SIGKILL every pod process a cluster started (found by its mark); returns how many."""
     if not cluster_id:
         return 0
-    count = 0
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-        if env.get(MARK_CLUSTER) == cluster_id and env.get(MARK_POD):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(proc.pid, signal.SIGKILL)
-                count += 1
-    return count
+    return signal_matching(
+        signal.SIGKILL, lambda env: env.get(MARK_CLUSTER) == cluster_id and bool(env.get(MARK_POD))
+    )
 
 
 @dataclass

@@ -29,12 +29,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from .binaries import program
 from .certs import CertPair, Pki, ensure_pki
+from .marks import signal_matching
 
 log = logging.getLogger(__name__)
 
@@ -346,18 +346,6 @@ class ControlPlane:
 
 def stop_marked_processes(cluster_id: str) -> int:
     """SIGKILL control-plane processes a crashed run left (found by their mark); returns how many."""
-    import psutil
-
-    count = 0
     if not cluster_id:
         return 0
-    for proc in psutil.process_iter():
-        try:
-            env: dict[str, Any] = proc.environ()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-        if env.get(MARK_CONTROL_PLANE) == cluster_id:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(proc.pid, signal.SIGKILL)
-                count += 1
-    return count
+    return signal_matching(signal.SIGKILL, lambda env: env.get(MARK_CONTROL_PLANE) == cluster_id)

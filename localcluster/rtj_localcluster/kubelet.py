@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from .certs import CertPair
 from .client import ApiError, Informer, KubeClient, now_micro, now_rfc3339, path_for
 from .logserver import LogServer
+from .marks import signal_matching
 from .nodes import NODE_LEASE_NAMESPACE, NodeProfile, node_status, ready_condition
 from .podenv import (
     SERVICE_ACCOUNT_DIR,
@@ -85,18 +84,10 @@ class KubeletConfig:
 
 def signal_marked(uid: str, container: str | None, sig: int) -> int:
     """Send ``sig`` to every process carrying the pod's (and container's) mark; returns how many."""
-    count = 0
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-        if env.get(MARK_POD) != uid or (container is not None and env.get(MARK_CONTAINER) != container):
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(proc.pid, sig)
-            count += 1
-    return count
+    return signal_matching(
+        sig,
+        lambda env: env.get(MARK_POD) == uid and (container is None or env.get(MARK_CONTAINER) == container),
+    )
 
 
 def _exit_code(returncode: int) -> int:
