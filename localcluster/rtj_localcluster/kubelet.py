@@ -90,6 +90,13 @@ def signal_marked(uid: str, container: str | None, sig: int) -> int:
     )
 
 
+class MissingVolumeSource(RuntimeError):
+    """A ConfigMap or Secret a pod's volume needs (and does not mark optional) does not exist."""
+
+    def __init__(self, volume: str, kind: str, name: str) -> None:
+        super().__init__(f'MountVolume.SetUp failed for volume "{volume}": {kind.lower()} "{name}" not found')
+
+
 def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
@@ -338,7 +345,23 @@ class PodWorker:
         self.pod_ip = self.kubelet.ips.allocate()
         self._dirty.set()
         for volume in self.pod.get("spec", {}).get("volumes") or []:
-            self.volumes[volume["name"]] = await self._prepare_volume(volume)
+            self.volumes[volume["name"]] = await self._mount_when_sources_exist(volume)
+
+    async def _mount_when_sources_exist(self, volume: Mapping[str, Any]) -> str:
+        """Like a kubelet, wait (ContainerCreating, a FailedMount event) while a ConfigMap or Secret
+        the volume needs does not exist yet: the root CA ConfigMap of a new namespace, for one,
+        is published by the controller manager a moment after the namespace appears."""
+        delay = 0.5
+        while True:
+            try:
+                return await self._prepare_volume(volume)
+            except MissingVolumeSource as missing:
+                for c in self.containers:
+                    c.waiting = ("ContainerCreating", str(missing))
+                self.event("Warning", "FailedMount", str(missing))
+                self._dirty.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 8.0)
 
     async def _prepare_volume(self, volume: Mapping[str, Any]) -> str:
         name = volume["name"]
@@ -358,7 +381,7 @@ class PodWorker:
                 source = volume[kind] or {}
                 obj = await self._get_optional(resource, source.get(key, ""))
                 if obj is None and not source.get("optional"):
-                    raise RuntimeError(f"{kind} {source.get(key)!r} not found")
+                    raise MissingVolumeSource(name, kind, source.get(key, ""))
                 self._write_files(own, obj or {}, decode=kind == "secret", items=source.get("items"))
                 return str(own)
         if "projected" in volume:
@@ -386,7 +409,7 @@ class PodWorker:
                 ref = source[kind] or {}
                 obj = await self._get_optional(resource, ref.get("name", ""))
                 if obj is None and not ref.get("optional"):
-                    raise RuntimeError(f"{kind} {ref.get('name')!r} not found")
+                    raise MissingVolumeSource(target.name, kind, ref.get("name", ""))
                 self._write_files(target, obj or {}, decode=kind == "secret", items=ref.get("items"))
             elif "downwardAPI" in source:
                 self._write_downward_api(target, (source["downwardAPI"] or {}).get("items") or [])

@@ -196,3 +196,60 @@ def test_configmap_secret_and_host_path_volumes(
     logs = kubectl(shared_local_cluster.kubeconfig_path, "logs", "-n", namespace, "reader")
     assert pod["status"]["phase"] == "Succeeded", logs
     assert logs.strip() == "alpha|s3cret|from host"
+
+
+def test_pod_waits_for_a_configmap_its_volume_needs_then_starts(
+    shared_local_cluster: LocalCluster, api: SyncKubeClient, namespace: str
+) -> None:
+    """A volume whose ConfigMap does not exist yet keeps the pod ContainerCreating with a
+    FailedMount event (the way a new namespace's root CA ConfigMap arrives a moment late); once the
+    ConfigMap appears the pod starts and reads it."""
+    api.create(
+        path_for("pods", namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "early"},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "x",
+                        "command": ["python", "-c", "import sys; print(open(sys.argv[1]).read())"],
+                        "args": ["/etc/late/v"],
+                        "volumeMounts": [{"name": "late", "mountPath": "/etc/late"}],
+                    }
+                ],
+                "volumes": [{"name": "late", "configMap": {"name": "late"}}],
+            },
+        },
+    )
+
+    def waiting_reason() -> dict[str, Any] | None:
+        statuses = api.get(path_for("pods", namespace, "early")).get("status", {}).get("containerStatuses")
+        waiting = (statuses or [{}])[0].get("state", {}).get("waiting") or {}
+        return waiting if "not found" in waiting.get("message", "") else None
+
+    waiting = wait_for(waiting_reason, timeout=60, message="the pod waiting for its ConfigMap")
+    assert waiting["reason"] == "ContainerCreating"
+    assert 'configmap "late" not found' in waiting["message"]
+    events = api.get(path_for("events", namespace))["items"]
+    assert any(e["reason"] == "FailedMount" and e["involvedObject"]["name"] == "early" for e in events)
+
+    api.create(
+        path_for("configmaps", namespace),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late"}, "data": {"v": "arrived"}},
+    )
+    pod = wait_for(
+        lambda: (
+            (p := api.get(path_for("pods", namespace, "early"))).get("status", {}).get("phase")
+            in ("Succeeded", "Failed")
+            and p
+        ),
+        timeout=60,
+        message="the pod to finish",
+    )
+    logs = kubectl(shared_local_cluster.kubeconfig_path, "logs", "-n", namespace, "early")
+    assert pod["status"]["phase"] == "Succeeded", logs
+    assert logs.strip() == "arrived"
