@@ -90,7 +90,7 @@ def signal_marked(uid: str, container: str | None, sig: int) -> int:
     )
 
 
-class MissingVolumeSource(RuntimeError):
+class MissingVolumeSourceError(RuntimeError):
     """A ConfigMap or Secret a pod's volume needs (and does not mark optional) does not exist."""
 
     def __init__(self, volume: str, kind: str, name: str) -> None:
@@ -355,7 +355,7 @@ class PodWorker:
         while True:
             try:
                 return await self._prepare_volume(volume)
-            except MissingVolumeSource as missing:
+            except MissingVolumeSourceError as missing:
                 for c in self.containers:
                     c.waiting = ("ContainerCreating", str(missing))
                 self.event("Warning", "FailedMount", str(missing))
@@ -381,7 +381,7 @@ class PodWorker:
                 source = volume[kind] or {}
                 obj = await self._get_optional(resource, source.get(key, ""))
                 if obj is None and not source.get("optional"):
-                    raise MissingVolumeSource(name, kind, source.get(key, ""))
+                    raise MissingVolumeSourceError(name, kind, source.get(key, ""))
                 self._write_files(own, obj or {}, decode=kind == "secret", items=source.get("items"))
                 return str(own)
         if "projected" in volume:
@@ -409,7 +409,7 @@ class PodWorker:
                 ref = source[kind] or {}
                 obj = await self._get_optional(resource, ref.get("name", ""))
                 if obj is None and not ref.get("optional"):
-                    raise MissingVolumeSource(target.name, kind, ref.get("name", ""))
+                    raise MissingVolumeSourceError(target.name, kind, ref.get("name", ""))
                 self._write_files(target, obj or {}, decode=kind == "secret", items=ref.get("items"))
             elif "downwardAPI" in source:
                 self._write_downward_api(target, (source["downwardAPI"] or {}).get("items") or [])
