@@ -20,6 +20,7 @@ from typing import Any
 
 import kopf
 
+from rtj_operator import nodehealth
 from rtj_operator.runtime import handlers, kube, passes
 from rtj_operator.runtime.context import OperatorContext
 
@@ -43,8 +44,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="log format (default text)"
     )
+    parser.add_argument(
+        "--node-health",
+        metavar="JSON",
+        type=_node_health,
+        default=nodehealth.NodeHealth(),
+        help="node health signals beyond Ready, a JSON object (the chart's nodeHealth values; "
+        "omitted keys keep their defaults; docs/operations.md, 'Node health signals')",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return parser
+
+
+def _node_health(text: str) -> nodehealth.NodeHealth:
+    try:
+        return nodehealth.parse_node_health(text)
+    except nodehealth.NodeHealthError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def make_registry() -> kopf.OperatorRegistry:
@@ -81,8 +97,16 @@ async def run_operator(
 class EmbeddedOperator:
     """The operator in a background thread: `start()` waits until it serves, `stop()` until it ends."""
 
-    def __init__(self, kubeconfig: str, *, namespaces: Sequence[str] = (), metrics_port: int | None = None):
+    def __init__(
+        self,
+        kubeconfig: str,
+        *,
+        namespaces: Sequence[str] = (),
+        metrics_port: int | None = None,
+        node_health: nodehealth.NodeHealth | None = None,
+    ):
         self.kubeconfig, self.namespaces, self.metrics_port = kubeconfig, tuple(namespaces), metrics_port
+        self.node_health = node_health or nodehealth.NodeHealth()
         self.context: OperatorContext | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -100,7 +124,9 @@ class EmbeddedOperator:
     def _main(self) -> None:
         try:
             client = kube.Kube.from_kubeconfig(self.kubeconfig)
-            self.context = passes.new_context(client, metrics_port=self.metrics_port)
+            self.context = passes.new_context(
+                client, metrics_port=self.metrics_port, node_health=self.node_health
+            )
             asyncio.run(
                 run_operator(
                     self.context, namespaces=self.namespaces, stop_flag=self._stop, ready_flag=self._ready
@@ -137,7 +163,11 @@ def main(argv: list[str]) -> int:
         # timer tick. The operator's own decisions are Events; keep kopf's per-object warnings only.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
-        ctx = passes.new_context(kube.Kube.from_kubeconfig(args.kubeconfig), metrics_port=args.metrics_port)
+        ctx = passes.new_context(
+            kube.Kube.from_kubeconfig(args.kubeconfig),
+            metrics_port=args.metrics_port,
+            node_health=args.node_health,
+        )
         asyncio.run(run_operator(ctx, namespaces=args.namespace, liveness=args.liveness))
     except KeyboardInterrupt:
         return 0

@@ -24,6 +24,7 @@ from chart_support import (
     render,
     value_sets,
 )
+from rtj_operator.nodehealth import NodeHealth
 
 STANDARD_LABELS = (
     "app.kubernetes.io/name",
@@ -91,11 +92,13 @@ def test_default_install_runs_one_restricted_operator_for_all_namespaces() -> No
     assert container["image"] == "ghcr.io/resilient-training/rtj-operator:0.1.0"
     # A tag can move, so every start checks the registry; a digest cannot (see the namespaced test).
     assert container["imagePullPolicy"] == "Always"
-    assert container["args"] == [
+    assert container["args"][:3] == [
         "--all-namespaces",
         "--liveness=http://0.0.0.0:8080/healthz",
         "--metrics-port=9090",
     ]
+    (node_health,) = container["args"][3:]
+    assert node_health.startswith("--node-health={")
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
@@ -183,6 +186,9 @@ def test_node_patch_is_granted_only_when_tainting_is_enabled() -> None:
         ({"tolerations": [{"key": "a", "operator": "Matches"}]}, "/tolerations/0/operator"),
         ({"metrics": {"serviceMonitor": {"interval": "soon"}}}, "/metrics/serviceMonitor/interval"),
         ({"livenessProbe": {"periodSeconds": 0}}, "/livenessProbe/periodSeconds"),
+        ({"nodeHealth": {"conditions": {"KernelDeadlock": "Yes"}}}, "/nodeHealth/conditions/KernelDeadlock"),
+        ({"nodeHealth": {"trainerFaultThreshold": -1}}, "/nodeHealth/trainerFaultThreshold"),
+        ({"nodeHealth": {"cordon": True}}, "cordon"),
     ],
 )
 def test_schema_rejects_bad_values_before_rendering(values: dict[str, Any], message: str) -> None:
@@ -250,3 +256,23 @@ def test_operator_accepts_the_arguments_the_chart_passes(values_name: str) -> No
     assert args.namespace == watched
     assert args.all_namespaces is (not watched)
     assert args.liveness == "http://0.0.0.0:8080/healthz"
+    # No value set changes nodeHealth: the chart's defaults are the operator's own.
+    assert args.node_health == NodeHealth()
+
+
+def test_node_health_values_reach_the_operator_merged_with_the_defaults() -> None:
+    from rtj_operator.main import build_parser
+
+    values = {
+        "nodeHealth": {
+            "conditions": {"KernelDeadlock": None, "GPUMissing": "True"},
+            "replaceOnCordon": False,
+            "trainerFaultThreshold": 5,
+        }
+    }
+    (container,) = one(render(values), "Deployment")["spec"]["template"]["spec"]["containers"]
+    health = build_parser().parse_args(container["args"]).node_health
+    assert health.trainer_fault_threshold == 5 and health.replace_on_cordon is False
+    assert health.conditions["GPUMissing"] == "True" and "KernelDeadlock" not in health.conditions
+    assert health.conditions["AcceleratedHardwareReady"] == "False"  # a default kept by the merge
+    assert health.labels == NodeHealth().labels and health.permanent == NodeHealth().permanent

@@ -123,6 +123,14 @@ class NodeFault(StatusModel):
     count: Count = Field(default=0, description="count is the number of faults seen on it.")
     last_reason: str | None = Field(default=None, description="lastReason is the newest fault's reason.")
     last_time: DateTime | None = Field(default=None, description="lastTime is the newest fault's time.")
+    reported_faults: Count | None = Field(
+        default=None,
+        description=(
+            "reportedFaults is the most faults a worker's trainer attributed to this node in its "
+            "progress reports (CUDA errors, failed GPU health checks); past the operator's "
+            "trainerFaultThreshold the node is treated as unhealthy."
+        ),
+    )
 
 
 class CheckpointStatus(StatusModel):

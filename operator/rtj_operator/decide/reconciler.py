@@ -71,6 +71,7 @@ def _fold_progress(run: PassState) -> dict[str, RestartOffset]:
         "lastCheckpoint": run.last_checkpoint,
     }
     folded = fold_progress(previous, reports, run.observed.offsets)
+    run.note_reported_faults()
     run.restarts.in_process = folded.in_process_restarts
     run.restarts.in_job = folded.in_job_restarts
     run.progress = folded.progress

@@ -19,7 +19,7 @@ from rtj_operator import constants, events
 from rtj_operator.api import EntryState
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import FORCE, GRACEFUL_DELETE_SECONDS, Action, DeletePod, Event
-from rtj_operator.observe import JobView, NodeProblem, Observed, PodState, node_problem
+from rtj_operator.observe import JobView, NodeProblem, Observed, PodState, node_health_problem, node_problem
 
 WORKER, SPARE = constants.ROLE_WORKER, constants.ROLE_SPARE
 # Entry states in which the pod was seen on `nodeName`: only there can a fault be counted.
@@ -76,6 +76,7 @@ class NodeFaultRecord:
     count: int = 0
     last_reason: str | None = None
     last_time: str | None = None
+    reported: int = 0  # the most faults a trainer on the node attributed to it (progress reports)
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"nodeName": self.node_name, "count": self.count}
@@ -83,6 +84,8 @@ class NodeFaultRecord:
             out["lastReason"] = self.last_reason
         if self.last_time is not None:
             out["lastTime"] = self.last_time
+        if self.reported:
+            out["reportedFaults"] = self.reported
         return out
 
 
@@ -203,6 +206,7 @@ class PassState:
                     int(f.get("count") or 0),
                     f.get("lastReason"),
                     f.get("lastTime"),
+                    f["reportedFaults"] if isinstance(f.get("reportedFaults"), int) else 0,
                 )
                 for f in _dicts(old.get("nodeFaults"))
             ],
@@ -245,6 +249,8 @@ class PassState:
             pod.tolerations,
             self.now,
             self.job.policy.node_loss_grace_seconds,
+            health=self.observed.health,
+            pod=pod,
         )
         if recheck is not None:
             self.at(recheck)
@@ -255,7 +261,23 @@ class PassState:
         # Nodes that are not Ready right now are avoided too: a replacement must not land on the node
         # that was just lost while it flaps.
         names |= {n.name for n in self.observed.nodes.values() if n.ready != "True"}
+        # So are nodes that show a health signal now (a condition, label, taint, cordon).
+        health = self.observed.health
+        names |= {n.name for n in self.observed.nodes.values() if node_health_problem(n, health)}
         return sorted(names)
+
+    def note_reported_faults(self) -> None:
+        """Keep, per node, the most faults a worker's trainer attributed to it (status.nodeFaults[]
+        .reportedFaults): the trainer counts across its restarts on one node, so the count only grows."""
+        for pod in self.pods.values():
+            faults = pod.report.node_faults if pod.report is not None else None
+            if faults is None or not faults.count or faults.node != pod.node_name:
+                continue
+            record = next((f for f in self.faults if f.node_name == pod.node_name), None)
+            if record is None:
+                record = NodeFaultRecord(pod.node_name)
+                self.faults.append(record)
+            record.reported = max(record.reported, faults.count)
 
     def entry(self, role: str, index: int) -> Entry:
         key = (role, index)

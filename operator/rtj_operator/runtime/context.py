@@ -14,6 +14,7 @@ from typing import Any
 import kopf
 
 from rtj_operator import events
+from rtj_operator.nodehealth import NodeHealth
 from rtj_operator.runtime.kube import Kube
 from rtj_operator.runtime.queue import JobKey, WorkQueue
 
@@ -24,6 +25,8 @@ class OperatorContext:
 
     kube: Kube
     metrics_port: int | None = None
+    # Which signals beyond Ready make a worker's node unfit (the operator's --node-health setting).
+    node_health: NodeHealth = field(default_factory=NodeHealth)
     queue: WorkQueue = field(init=False)
     # Filled by kopf (see handlers.remember_indexes).
     jobs: kopf.Index[JobKey, dict[str, Any]] | None = None

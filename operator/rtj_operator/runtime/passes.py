@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import kopf
 
-from rtj_operator import decide, events, metrics, observe
+from rtj_operator import decide, events, metrics, nodehealth, observe
 from rtj_operator.runtime import kube
 from rtj_operator.runtime.context import OperatorContext
 from rtj_operator.runtime.queue import DEBOUNCE_SECONDS, JobKey, JobRunner, WorkQueue
@@ -33,9 +33,13 @@ logger = logging.getLogger(__name__)
 Decided = tuple[decide.Plan, observe.JobView, dict[str, Any]]
 
 
-def new_context(client: kube.Kube, *, metrics_port: int | None = None) -> OperatorContext:
+def new_context(
+    client: kube.Kube, *, metrics_port: int | None = None, node_health: nodehealth.NodeHealth | None = None
+) -> OperatorContext:
     """An operator's state, its work queue running `run_pass`."""
-    ctx = OperatorContext(kube=client, metrics_port=metrics_port)
+    ctx = OperatorContext(
+        kube=client, metrics_port=metrics_port, node_health=node_health or nodehealth.NodeHealth()
+    )
     ctx.queue = WorkQueue(functools.partial(run_pass, ctx))
     return ctx
 
@@ -135,6 +139,7 @@ async def _decide(
         ensure_base=ensure_base,
         offsets=runner.offsets,
         refused_at=runner.refused_at,
+        health=ctx.node_health,
     )
     plan = decide.reconcile(view, observed, _now())
     if not plan.actions and not plan.status_changed:
@@ -159,7 +164,12 @@ async def _decide_fresh(
     pods = await asyncio.to_thread(ctx.kube.list_pods, *key)
     nodes = await _nodes_confirmed(ctx, pods, view.status)
     observed = observe.observe(
-        pods, nodes, ensure_base=ensure_base, offsets=runner.offsets, refused_at=runner.refused_at
+        pods,
+        nodes,
+        ensure_base=ensure_base,
+        offsets=runner.offsets,
+        refused_at=runner.refused_at,
+        health=ctx.node_health,
     )
     plan = decide.reconcile(view, observed, _now())
     if foreign:
