@@ -311,3 +311,15 @@ def test_window_budget_survives_an_operator_restart_in_status() -> None:
     world.reconcile()
     assert world.condition("Failed")["reason"] == events.RESTART_BUDGET_EXHAUSTED
     assert budget(world)["recentFaults"][0]["time"] == recorded
+
+
+def test_a_failure_caused_by_a_peers_node_loss_is_not_judged_by_the_rules() -> None:
+    rules = [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [1]}}]
+    world = running_world(failurePolicy={"rules": rules, "nodeLossGraceSeconds": 5})
+    world.node_not_ready(node_of(world, WORKER, 0))
+    fail_worker(world, 1, exited(1, "RendezvousConnectionError"))
+    world.tick(6)
+    world.reconcile()
+    assert world.status()["state"] == "Recovering"
+    assert events.GANG_RESTART in world.reasons() and events.FAILED_BY_RULE not in world.reasons()
+    assert world.status()["restarts"]["podReplacement"] == 1

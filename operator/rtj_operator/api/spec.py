@@ -406,7 +406,7 @@ class ExitCodeOperator(enum.StrEnum):
 
 # A fault or disruption reason: one CamelCase word, as Kubernetes condition and event reasons are.
 FaultReason = Annotated[str, Strict(), Field(min_length=1, max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9]*$")]
-ExitCode = Annotated[int, Strict(), Field(ge=1, le=255)]
+ExitCode = Annotated[Int32, Field(ge=1, le=255)]
 MAX_FAILURE_RULES: int = 16
 MAX_BUDGET_RESTARTS: int = 100
 

@@ -168,7 +168,7 @@ def judge(run: PassState, loss: Loss) -> Verdict:
 
 def handle_losses(run: PassState, losses: list[Loss]) -> bool:
     """Judge and count the losses, exclude nodes, pick the restart scope. False when the job failed."""
-    verdicts = [judge(run, loss) for loss in losses]
+    verdicts = _consequences_apart([judge(run, loss) for loss in losses])
     for verdict in verdicts:
         loss = verdict.loss
         run.event(events.WARNING, loss.reason, loss.message)
@@ -189,6 +189,19 @@ def handle_losses(run: PassState, losses: list[Loss]) -> bool:
     run.condition(events.COND_RECOVERING, True, lead.reason, lead.message)
     _choose_scope(run, verdicts)
     return True
+
+
+def _consequences_apart(verdicts: list[Verdict]) -> list[Verdict]:
+    """Process failures met in the same pass as a node loss or disruption are its consequence (the
+    survivors' launchers lose their peer): no rule judges them, their pods are only replaced."""
+    if all(v.fault_class == FaultClass.PROCESS_FAILURE for v in verdicts):
+        return verdicts
+    return [
+        Verdict(v.loss, v.fault_class, FailureAction.REPLACE_WORKER, None)
+        if v.fault_class == FaultClass.PROCESS_FAILURE
+        else v
+        for v in verdicts
+    ]
 
 
 def _charged_units(verdicts: list[Verdict]) -> list[Verdict]:
