@@ -25,7 +25,11 @@ GANG_RESTART: Final = "GangRestart"  # every worker pod is recreated (rendezvous
 NODE_EXCLUDED: Final = "NodeExcluded"  # a node will not be used by this job again
 NODE_TAINTED: Final = "NodeTainted"  # an excluded node was tainted cluster-wide (opt-in)
 STRANDED_POD_DELETED: Final = "StrandedPodDeleted"  # a pod on a dead node was force-deleted
-RESTART_BUDGET_EXHAUSTED: Final = "RestartBudgetExhausted"  # maxNodeReplacements reached: job Failed
+RESTART_BUDGET_EXHAUSTED: Final = "RestartBudgetExhausted"  # maxNodeReplacements or a budget reached: Failed
+FAILED_BY_RULE: Final = "FailedByRule"  # a failurePolicy rule with action FailJob matched a fault: job Failed
+FAULT_IGNORED: Final = (
+    "FaultIgnored"  # a failurePolicy Ignore rule matched: replaced, counted against nothing
+)
 JOB_SUCCEEDED: Final = "JobSucceeded"  # every worker pod succeeded
 JOB_RECOVERED: Final = "JobRecovered"  # every worker is ready again after a recovery
 INVALID_SPEC: Final = "InvalidSpec"  # the job's spec does not validate; nothing is done for it

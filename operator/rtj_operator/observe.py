@@ -13,6 +13,7 @@ Pure: no I/O, time passed in.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -36,6 +37,8 @@ NODE_HEALTH_TAINTS = frozenset({TAINT_NOT_READY, TAINT_UNREACHABLE})
 # A container's termination message is kept up to this many characters (the kubelet keeps 4 KiB; a
 # condition's message is read by people, and the status must stay small).
 MAX_TERMINATION_MESSAGE_CHARS = 1024
+# The line of a termination message that names the trainer's fault reason (failurePolicy.rules).
+FAULT_REASON_LINE = re.compile(r"^FaultReason: ([A-Za-z][A-Za-z0-9]*)\s*$", re.MULTILINE)
 # Waiting reasons that are steps of a normal start, not a problem worth reporting.
 NORMAL_WAITING_REASONS = frozenset({"", "ContainerCreating", "PodInitializing"})
 
@@ -113,6 +116,9 @@ class PodState:
     # The whole-number resources its containers request (extended resources such as nvidia.com/gpu
     # and vpc.amazonaws.com/efa are integers by API rule): resource name -> the sum over containers.
     requests: Mapping[str, int] = field(default_factory=dict)
+    # The failed container's exit code and fault reason (`container_fault`), for the failure policy.
+    exit_code: int | None = None
+    fault_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -233,6 +239,9 @@ def observe_pod(body: Mapping[str, Any]) -> PodState | None:
     exits = [m for m in map(_exit_message, containers) if m]
     message = "; ".join(m for m in (_str(status.get("message")), *exits) if m)
     waiting = "; ".join(m for m in map(_waiting_message, containers) if m)
+    exit_code, fault_reason = next(
+        (found for found in map(container_fault, containers) if found[0] is not None), (None, "")
+    )
     tolerations = tuple(
         Toleration(
             key=_str(t.get("key")),
@@ -264,6 +273,8 @@ def observe_pod(body: Mapping[str, Any]) -> PodState | None:
         tolerations=tolerations,
         report=parse_report(_str(annotations.get(constants.ANNOTATION_PROGRESS)) or None),
         requests=_whole_requests(spec),
+        exit_code=exit_code,
+        fault_reason=fault_reason,
     )
 
 
@@ -288,6 +299,22 @@ def _exit_message(container: Mapping[str, Any]) -> str:
         detail = _clip(_str(terminated.get("message")))
         return f"{text}: {detail}" if detail else text
     return ""
+
+
+def container_fault(container: Mapping[str, Any]) -> tuple[int | None, str]:
+    """(exit code, fault reason) of a container that exited non-zero, else (None, "").
+
+    The fault reason is the trainer's own, from a line `FaultReason: <Reason>` of its termination
+    message, else the runtime's termination reason (OOMKilled, Error, ...).
+    """
+    for state in (container.get("state"), container.get("lastState")):
+        terminated = _mapping(_mapping(state).get("terminated"))
+        code = terminated.get("exitCode")
+        if not isinstance(code, int) or code == 0:
+            continue
+        found = FAULT_REASON_LINE.search(_str(terminated.get("message")))
+        return code, found.group(1) if found else _str(terminated.get("reason"))
+    return None, ""
 
 
 def _waiting_message(container: Mapping[str, Any]) -> str:

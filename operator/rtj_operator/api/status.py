@@ -133,6 +133,37 @@ class NodeFault(StatusModel):
     )
 
 
+class RecentFault(StatusModel):
+    """A fault counted against a windowed budget (spec.failurePolicy.budgets)."""
+
+    fault_class: str = Field(description="faultClass is NodeLoss, ProcessFailure or Disruption.")
+    time: DateTime = Field(description="time is when the fault was counted.")
+
+
+class BudgetStatus(StatusModel):
+    """What the failure policy has counted: budgets used and the backoff series."""
+
+    failures_used: Count = Field(
+        default=0,
+        description="failuresUsed counts replacements charged to spec.failurePolicy.maxNodeReplacements.",
+    )
+    disruptions: Count = Field(
+        default=0, description="disruptions counts replacements after evictions, preemptions and drains."
+    )
+    ignored: Count = Field(
+        default=0, description="ignored counts replacements after faults an Ignore rule matched."
+    )
+    consecutive_faults: Count = Field(
+        default=0,
+        description="consecutiveFaults counts faults since the job was last Ready for "
+        "backoffResetSeconds; the backoff doubles with each.",
+    )
+    recent_faults: Annotated[list[RecentFault], Field(max_length=300)] = Field(
+        default_factory=list,
+        description="recentFaults are the faults still inside their class's budget window, oldest first.",
+    )
+
+
 class CheckpointStatus(StatusModel):
     """The newest complete checkpoint."""
 
@@ -184,6 +215,9 @@ class ResilientTrainingJobStatus(StatusModel):
         default=None, description="workers counts and lists the job's pods."
     )
     restarts: RestartsStatus | None = Field(default=None, description="restarts counts recoveries per layer.")
+    budget: BudgetStatus | None = Field(
+        default=None, description="budget is what the failure policy has counted (budgets, backoff)."
+    )
     excluded_nodes: Annotated[
         list[ExcludedNode],
         SchemaExtra({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["nodeName"]}),
