@@ -20,6 +20,7 @@ from typing import Any
 
 import kopf
 
+from rtj_operator.fsx_policy import AllowListError, FsxAllowList
 from rtj_operator.runtime import handlers, kube, passes
 from rtj_operator.runtime.context import OperatorContext
 
@@ -40,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--liveness", metavar="URL", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
     parser.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--allow-fsx",
+        action="append",
+        default=[],
+        metavar="NAMESPACE=FILESYSTEM",
+        help="let jobs in NAMESPACE (* for all) mount these FSx file systems (ids, DNS names or *, "
+        "comma-separated; repeatable). Default: none, so fsxStatic jobs are Blocked",
+    )
     parser.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="log format (default text)"
     )
@@ -81,8 +90,16 @@ async def run_operator(
 class EmbeddedOperator:
     """The operator in a background thread: `start()` waits until it serves, `stop()` until it ends."""
 
-    def __init__(self, kubeconfig: str, *, namespaces: Sequence[str] = (), metrics_port: int | None = None):
+    def __init__(
+        self,
+        kubeconfig: str,
+        *,
+        namespaces: Sequence[str] = (),
+        metrics_port: int | None = None,
+        fsx_allowed: FsxAllowList | None = None,
+    ):
         self.kubeconfig, self.namespaces, self.metrics_port = kubeconfig, tuple(namespaces), metrics_port
+        self.fsx_allowed = fsx_allowed or FsxAllowList()
         self.context: OperatorContext | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -100,7 +117,9 @@ class EmbeddedOperator:
     def _main(self) -> None:
         try:
             client = kube.Kube.from_kubeconfig(self.kubeconfig)
-            self.context = passes.new_context(client, metrics_port=self.metrics_port)
+            self.context = passes.new_context(
+                client, metrics_port=self.metrics_port, fsx_allowed=self.fsx_allowed
+            )
             asyncio.run(
                 run_operator(
                     self.context, namespaces=self.namespaces, stop_flag=self._stop, ready_flag=self._ready
@@ -127,7 +146,12 @@ class EmbeddedOperator:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        fsx_allowed = FsxAllowList.parse(args.allow_fsx)
+    except AllowListError as error:
+        parser.error(str(error))
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
@@ -137,7 +161,8 @@ def main(argv: list[str]) -> int:
         # timer tick. The operator's own decisions are Events; keep kopf's per-object warnings only.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
-        ctx = passes.new_context(kube.Kube.from_kubeconfig(args.kubeconfig), metrics_port=args.metrics_port)
+        client = kube.Kube.from_kubeconfig(args.kubeconfig)
+        ctx = passes.new_context(client, metrics_port=args.metrics_port, fsx_allowed=fsx_allowed)
         asyncio.run(run_operator(ctx, namespaces=args.namespace, liveness=args.liveness))
     except KeyboardInterrupt:
         return 0

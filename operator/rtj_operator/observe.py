@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rtj_operator import api, constants, names
+from rtj_operator.fsx_policy import FsxAllowList
 from rtj_operator.progress import ProgressReport, RestartOffset, parse_report, parse_time
 
 # The taints the node lifecycle controller puts on NotReady / Unknown nodes: they mirror the Ready
@@ -106,6 +107,8 @@ class Observed:
     offsets: Mapping[str, RestartOffset] = field(default_factory=dict)
     # When the API server last refused one of the job's children (in memory; see decide.admission).
     refused_at: datetime | None = None
+    # The FSx file systems each namespace may mount (the operator's setting; empty: none).
+    fsx_allowed: FsxAllowList = field(default_factory=FsxAllowList)
 
 
 @dataclass(frozen=True)
@@ -255,13 +258,14 @@ def _waiting_message(container: Mapping[str, Any]) -> str:
     return f"{text}: {detail}" if detail else text
 
 
-def observe(
+def observe(  # noqa: PLR0913 - keyword-only after the two observations, each a named field
     pods: Iterable[Mapping[str, Any]],
     nodes: Iterable[Mapping[str, Any]],
     *,
     ensure_base: bool = False,
     offsets: Mapping[str, RestartOffset] | None = None,
     refused_at: datetime | None = None,
+    fsx_allowed: FsxAllowList | None = None,
 ) -> Observed:
     pod_states = tuple(p for p in (observe_pod(body) for body in pods) if p is not None)
     node_states = {n.name: n for n in (observe_node(body) for body in nodes) if n.name}
@@ -271,6 +275,7 @@ def observe(
         ensure_base=ensure_base,
         offsets=dict(offsets or {}),
         refused_at=refused_at,
+        fsx_allowed=fsx_allowed or FsxAllowList(),
     )
 
 

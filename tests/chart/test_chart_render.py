@@ -183,6 +183,10 @@ def test_node_patch_is_granted_only_when_tainting_is_enabled() -> None:
         ({"tolerations": [{"key": "a", "operator": "Matches"}]}, "/tolerations/0/operator"),
         ({"metrics": {"serviceMonitor": {"interval": "soon"}}}, "/metrics/serviceMonitor/interval"),
         ({"livenessProbe": {"periodSeconds": 0}}, "/livenessProbe/periodSeconds"),
+        ({"fsx": {"allowedFileSystems": {"team-a": ["efs-0123"]}}}, "/fsx/allowedFileSystems/team-a/0"),
+        ({"fsx": {"allowedFileSystems": {"team-a": []}}}, "/fsx/allowedFileSystems/team-a"),
+        ({"fsx": {"allowedFileSystems": {"Team_A": ["*"]}}}, "invalid propertyName 'Team_A'"),
+        ({"fsx": {"allowedFilesystems": {}}}, "allowedFilesystems"),
     ],
 )
 def test_schema_rejects_bad_values_before_rendering(values: dict[str, Any], message: str) -> None:
