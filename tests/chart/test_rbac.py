@@ -7,6 +7,7 @@ modes are checked: cluster-wide (ClusterRoleBinding) and per watched namespace (
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -223,3 +224,18 @@ def test_operator_holds_every_permission_of_the_trainer_roles_it_creates() -> No
                     for resource in rule["resources"]:
                         for verb in rule["verbs"]:
                             assert (group, resource, verb) in held, (group, resource, verb)
+
+
+def test_the_fsx_admission_policy_ships_with_an_allow_list_and_applies_to_the_operator_only() -> None:
+    def policies(values: dict[str, Any]) -> list[dict[str, Any]]:
+        return [o for o in render(values) if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+    assert not policies({})
+    assert not policies({"fsx": {**FSX["fsx"], "admissionPolicy": False}})
+    policy, binding = sorted(policies(FSX), key=lambda o: o["kind"])
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (condition,) = policy["spec"]["matchConditions"]
+    account = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-resilient-training-operator"
+    assert condition["expression"] == f"request.userInfo.username == '{account}'"
+    allow_list = next(v for v in policy["spec"]["variables"] if v["name"] == "allowList")
+    assert json.loads(allow_list["expression"]) == FSX["fsx"]["allowedFileSystems"]
