@@ -115,6 +115,8 @@ class LocalClusterSettings:
     """Put first on every container's PATH: the environment whose programs the pods run."""
     start_timeout_seconds: float = 180.0
     """How long ``start()`` waits for the control plane and every node to be Ready."""
+    audit_log: bool = False
+    """Run the API server with an audit log (``control_plane.audit_log_path``), for RBAC tests."""
 
 
 class LocalCluster:
@@ -192,6 +194,7 @@ class LocalCluster:
                 api_port=settings.api_port,
                 start_timeout_seconds=settings.start_timeout_seconds,
                 cluster_id=self.cluster_id,
+                audit_log=settings.audit_log,
             )
         )
         self.control_plane.start()

@@ -39,6 +39,7 @@ TTL_EXPIRED: Final = "TTLExpired"  # ttlSecondsAfterFinished passed: the job is 
 STORAGE_DELETED: Final = "StorageDeleted"  # retentionPolicy Delete: the checkpoint volume was deleted
 CHILD_REJECTED: Final = "ChildRejected"  # the API server refused a child (400/403/422): invalid, policy
 QUOTA_EXCEEDED: Final = "QuotaExceeded"  # a ResourceQuota of the namespace refused a child
+FILE_SYSTEM_NOT_ALLOWED: Final = "FileSystemNotAllowed"  # fsxStatic names a file system not allowed there
 INSUFFICIENT_NODES: Final = "InsufficientNodes"  # too few nodes can ever hold a worker: no pod created
 STATUS_OVERWRITTEN: Final = "StatusOverwritten"  # someone else wrote the job's status: restored
 
@@ -49,7 +50,8 @@ COND_SUSPENDED: Final = "Suspended"
 COND_SUCCEEDED: Final = "Succeeded"
 COND_FAILED: Final = "Failed"
 # True while the job cannot get its children: the API server refused one (ChildRejected,
-# QuotaExceeded) or too few nodes could ever hold its workers (InsufficientNodes).
+# QuotaExceeded), too few nodes could ever hold its workers (InsufficientNodes), or its FSx file
+# system is not allowed for its namespace (FileSystemNotAllowed).
 COND_BLOCKED: Final = "Blocked"
 CONDITION_TYPES: Final = (
     COND_READY,

@@ -21,6 +21,7 @@ from typing import Any
 import kopf
 
 from rtj_operator import nodehealth
+from rtj_operator.fsx_policy import AllowListError, FsxAllowList
 from rtj_operator.runtime import handlers, kube, passes
 from rtj_operator.runtime.context import OperatorContext
 
@@ -41,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--liveness", metavar="URL", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
     parser.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--allow-fsx",
+        action="append",
+        default=[],
+        metavar="NAMESPACE=FILESYSTEM",
+        help="let jobs in NAMESPACE (* for all) mount these FSx file systems (ids, DNS names or *, "
+        "comma-separated; repeatable). Default: none, so fsxStatic jobs are Blocked",
+    )
     parser.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="log format (default text)"
     )
@@ -104,9 +113,11 @@ class EmbeddedOperator:
         namespaces: Sequence[str] = (),
         metrics_port: int | None = None,
         node_health: nodehealth.NodeHealth | None = None,
+        fsx_allowed: FsxAllowList | None = None,
     ):
         self.kubeconfig, self.namespaces, self.metrics_port = kubeconfig, tuple(namespaces), metrics_port
         self.node_health = node_health or nodehealth.NodeHealth()
+        self.fsx_allowed = fsx_allowed or FsxAllowList()
         self.context: OperatorContext | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -125,7 +136,10 @@ class EmbeddedOperator:
         try:
             client = kube.Kube.from_kubeconfig(self.kubeconfig)
             self.context = passes.new_context(
-                client, metrics_port=self.metrics_port, node_health=self.node_health
+                client,
+                metrics_port=self.metrics_port,
+                node_health=self.node_health,
+                fsx_allowed=self.fsx_allowed,
             )
             asyncio.run(
                 run_operator(
@@ -153,7 +167,12 @@ class EmbeddedOperator:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        fsx_allowed = FsxAllowList.parse(args.allow_fsx)
+    except AllowListError as error:
+        parser.error(str(error))
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
@@ -167,6 +186,7 @@ def main(argv: list[str]) -> int:
             kube.Kube.from_kubeconfig(args.kubeconfig),
             metrics_port=args.metrics_port,
             node_health=args.node_health,
+            fsx_allowed=fsx_allowed,
         )
         asyncio.run(run_operator(ctx, namespaces=args.namespace, liveness=args.liveness))
     except KeyboardInterrupt:

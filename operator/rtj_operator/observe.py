@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rtj_operator import api, constants, names
+from rtj_operator.fsx_policy import FsxAllowList
 from rtj_operator.nodehealth import (
     SIGNAL_CORDONED,
     SIGNAL_INSUFFICIENT_ALLOCATABLE,
@@ -136,6 +137,8 @@ class Observed:
     refused_at: datetime | None = None
     # The operator's settings for judging nodes beyond Ready (see nodehealth).
     health: NodeHealth = field(default_factory=NodeHealth)
+    # The FSx file systems each namespace may mount (the operator's setting; empty: none).
+    fsx_allowed: FsxAllowList = field(default_factory=FsxAllowList)
 
 
 @dataclass(frozen=True)
@@ -328,7 +331,7 @@ def _waiting_message(container: Mapping[str, Any]) -> str:
     return f"{text}: {detail}" if detail else text
 
 
-def observe(  # noqa: PLR0913 - keyword-only, each a named field; callers pass them by name
+def observe(  # noqa: PLR0913 - keyword-only after the two observations, each a named field
     pods: Iterable[Mapping[str, Any]],
     nodes: Iterable[Mapping[str, Any]],
     *,
@@ -336,6 +339,7 @@ def observe(  # noqa: PLR0913 - keyword-only, each a named field; callers pass t
     offsets: Mapping[str, RestartOffset] | None = None,
     refused_at: datetime | None = None,
     health: NodeHealth | None = None,
+    fsx_allowed: FsxAllowList | None = None,
 ) -> Observed:
     pod_states = tuple(p for p in (observe_pod(body) for body in pods) if p is not None)
     node_states = {n.name: n for n in (observe_node(body) for body in nodes) if n.name}
@@ -346,6 +350,7 @@ def observe(  # noqa: PLR0913 - keyword-only, each a named field; callers pass t
         offsets=dict(offsets or {}),
         refused_at=refused_at,
         health=health or NodeHealth(),
+        fsx_allowed=fsx_allowed or FsxAllowList(),
     )
 
 

@@ -51,6 +51,14 @@ def test_lint_strict_has_no_warnings_or_errors(values_name: str) -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
+CLUSTER_SCOPED_KINDS = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
 @pytest.mark.parametrize("values_name", list(value_sets()))
 def test_every_object_has_the_standard_labels_and_a_namespace_when_namespaced(values_name: str) -> None:
     objects = render(value_sets()[values_name])
@@ -60,7 +68,7 @@ def test_every_object_has_the_standard_labels_and_a_namespace_when_namespaced(va
         missing = [key for key in STANDARD_LABELS if key not in labels]
         assert not missing, f"{obj['kind']}/{obj['metadata']['name']} lacks {missing}"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding"}:
+        if obj["kind"] not in CLUSTER_SCOPED_KINDS:
             assert obj["metadata"].get("namespace"), f"{obj['kind']} has no explicit namespace"
 
 
@@ -189,6 +197,10 @@ def test_node_patch_is_granted_only_when_tainting_is_enabled() -> None:
         ({"nodeHealth": {"conditions": {"KernelDeadlock": "Yes"}}}, "/nodeHealth/conditions/KernelDeadlock"),
         ({"nodeHealth": {"trainerFaultThreshold": -1}}, "/nodeHealth/trainerFaultThreshold"),
         ({"nodeHealth": {"cordon": True}}, "cordon"),
+        ({"fsx": {"allowedFileSystems": {"team-a": ["efs-0123"]}}}, "/fsx/allowedFileSystems/team-a/0"),
+        ({"fsx": {"allowedFileSystems": {"team-a": []}}}, "/fsx/allowedFileSystems/team-a"),
+        ({"fsx": {"allowedFileSystems": {"Team_A": ["*"]}}}, "invalid propertyName 'Team_A'"),
+        ({"fsx": {"allowedFilesystems": {}}}, "allowedFilesystems"),
     ],
 )
 def test_schema_rejects_bad_values_before_rendering(values: dict[str, Any], message: str) -> None:

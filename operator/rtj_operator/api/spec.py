@@ -42,6 +42,7 @@ KNOWN_INSTANCE_TYPES: tuple[str, ...] = (
 # Volume names the renderer uses itself; user volumes may not take them.
 CHECKPOINT_VOLUME: str = "rtj-checkpoints"
 SHM_VOLUME: str = "rtj-shm"
+SCRATCH_VOLUME: str = "rtj-scratch"
 SHM_MOUNT_PATH: str = "/dev/shm"
 
 # A job's name becomes its Service name (a DNS-1035 label) and the prefix of its pods' hostnames
@@ -620,10 +621,13 @@ class ResilientTrainingJobSpec(ApiModel):
         CelRule(
             rule=(
                 "!has(self.volumes) || "
-                f"self.volumes.all(v, !(v.name in ['{CHECKPOINT_VOLUME}', '{SHM_VOLUME}']))"
+                "self.volumes.all(v, !(v.name in "
+                f"['{CHECKPOINT_VOLUME}', '{SHM_VOLUME}', '{SCRATCH_VOLUME}']))"
             ),
-            message=f"volume names {CHECKPOINT_VOLUME} and {SHM_VOLUME} are reserved",
-            check=lambda s: all(v.name not in (CHECKPOINT_VOLUME, SHM_VOLUME) for v in s.volumes),
+            message=f"volume names {CHECKPOINT_VOLUME}, {SHM_VOLUME} and {SCRATCH_VOLUME} are reserved",
+            check=lambda s: all(
+                v.name not in (CHECKPOINT_VOLUME, SHM_VOLUME, SCRATCH_VOLUME) for v in s.volumes
+            ),
             field_path=".volumes",
         ),
         CelRule(

@@ -14,6 +14,7 @@ from typing import Any
 import kopf
 
 from rtj_operator import events
+from rtj_operator.fsx_policy import FsxAllowList
 from rtj_operator.nodehealth import NodeHealth
 from rtj_operator.runtime.kube import Kube
 from rtj_operator.runtime.queue import JobKey, WorkQueue
@@ -27,6 +28,8 @@ class OperatorContext:
     metrics_port: int | None = None
     # Which signals beyond Ready make a worker's node unfit (the operator's --node-health setting).
     node_health: NodeHealth = field(default_factory=NodeHealth)
+    # The FSx file systems each namespace's jobs may mount (`--allow-fsx`; empty: none).
+    fsx_allowed: FsxAllowList = field(default_factory=FsxAllowList)
     queue: WorkQueue = field(init=False)
     # Filled by kopf (see handlers.remember_indexes).
     jobs: kopf.Index[JobKey, dict[str, Any]] | None = None

@@ -22,6 +22,7 @@ from typing import Any, cast
 import kopf
 
 from rtj_operator import decide, events, metrics, nodehealth, observe
+from rtj_operator.fsx_policy import FsxAllowList
 from rtj_operator.runtime import kube
 from rtj_operator.runtime.context import OperatorContext
 from rtj_operator.runtime.queue import DEBOUNCE_SECONDS, JobKey, JobRunner, WorkQueue
@@ -34,11 +35,18 @@ Decided = tuple[decide.Plan, observe.JobView, dict[str, Any]]
 
 
 def new_context(
-    client: kube.Kube, *, metrics_port: int | None = None, node_health: nodehealth.NodeHealth | None = None
+    client: kube.Kube,
+    *,
+    metrics_port: int | None = None,
+    node_health: nodehealth.NodeHealth | None = None,
+    fsx_allowed: FsxAllowList | None = None,
 ) -> OperatorContext:
     """An operator's state, its work queue running `run_pass`."""
     ctx = OperatorContext(
-        kube=client, metrics_port=metrics_port, node_health=node_health or nodehealth.NodeHealth()
+        kube=client,
+        metrics_port=metrics_port,
+        node_health=node_health or nodehealth.NodeHealth(),
+        fsx_allowed=fsx_allowed or FsxAllowList(),
     )
     ctx.queue = WorkQueue(functools.partial(run_pass, ctx))
     return ctx
@@ -140,6 +148,7 @@ async def _decide(
         offsets=runner.offsets,
         refused_at=runner.refused_at,
         health=ctx.node_health,
+        fsx_allowed=ctx.fsx_allowed,
     )
     plan = decide.reconcile(view, observed, _now())
     if not plan.actions and not plan.status_changed:
@@ -170,6 +179,7 @@ async def _decide_fresh(
         offsets=runner.offsets,
         refused_at=runner.refused_at,
         health=ctx.node_health,
+        fsx_allowed=ctx.fsx_allowed,
     )
     plan = decide.reconcile(view, observed, _now())
     if foreign:
