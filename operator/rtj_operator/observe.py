@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rtj_operator import api, constants, names
-from rtj_operator.progress import ProgressReport, RestartOffset, parse_report, parse_time
+from rtj_operator.progress import ProgressReport, RestartOffset, parse_time
 
 # The taints the node lifecycle controller puts on NotReady / Unknown nodes: they mirror the Ready
 # condition, so they are judged with the same grace period rather than at once.
@@ -160,8 +160,11 @@ def observe_node(body: Mapping[str, Any]) -> NodeState:
     )
 
 
-def observe_pod(body: Mapping[str, Any]) -> PodState | None:
-    """A pod of a job (worker or spare), or None for a pod that is not one of the job's workers/spares."""
+def observe_pod(body: Mapping[str, Any], report: ProgressReport | None = None) -> PodState | None:
+    """A pod of a job (worker or spare), or None for a pod that is not one of the job's workers/spares.
+
+    `report` is the pod's newest progress report, read from its progress endpoint
+    (`runtime.scrape`), if any."""
     metadata, spec, status = (
         _mapping(body.get("metadata")),
         _mapping(body.get("spec")),
@@ -217,7 +220,7 @@ def observe_pod(body: Mapping[str, Any]) -> PodState | None:
         created=parse_time(metadata.get("creationTimestamp")),
         restart_count_annotation=int(restart_count) if restart_count.isdigit() else None,
         tolerations=tolerations,
-        report=parse_report(_str(annotations.get(constants.ANNOTATION_PROGRESS)) or None),
+        report=report,
     )
 
 
@@ -255,15 +258,24 @@ def _waiting_message(container: Mapping[str, Any]) -> str:
     return f"{text}: {detail}" if detail else text
 
 
-def observe(
+def observe(  # noqa: PLR0913 - keyword-only, each a named field; callers pass them by name
     pods: Iterable[Mapping[str, Any]],
     nodes: Iterable[Mapping[str, Any]],
     *,
     ensure_base: bool = False,
     offsets: Mapping[str, RestartOffset] | None = None,
     refused_at: datetime | None = None,
+    reports: Mapping[str, ProgressReport] | None = None,
 ) -> Observed:
-    pod_states = tuple(p for p in (observe_pod(body) for body in pods) if p is not None)
+    """What the operator sees of one job; `reports` are the pods' progress reports by pod uid."""
+    known = reports or {}
+    pod_states = tuple(
+        p
+        for p in (
+            observe_pod(body, known.get(_str(_mapping(body.get("metadata")).get("uid")))) for body in pods
+        )
+        if p is not None
+    )
     node_states = {n.name: n for n in (observe_node(body) for body in nodes) if n.name}
     return Observed(
         pods=pod_states,

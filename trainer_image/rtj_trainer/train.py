@@ -199,7 +199,7 @@ class Trainer:
         self.progress.restarts_in_job = self.in_job_restarts
         self.progress.restarts_in_process = self.in_process_base
         self.reporter = Reporter(
-            make_sink(env.progress_sink, env.namespace, env.pod_name) if self.local_rank == 0 else NoSink(),
+            make_sink(env.progress_sink) if self.local_rank == 0 else NoSink(),
             self.checkpoint_dir,
             env.progress_interval_seconds,
             enabled=self.local_rank == 0,

@@ -16,6 +16,7 @@ import kopf
 from rtj_operator import events
 from rtj_operator.runtime.kube import Kube
 from rtj_operator.runtime.queue import JobKey, WorkQueue
+from rtj_operator.runtime.scrape import ProgressScraper
 
 
 @dataclass
@@ -25,6 +26,8 @@ class OperatorContext:
     kube: Kube
     metrics_port: int | None = None
     queue: WorkQueue = field(init=False)
+    # The trainers' newest progress reports, read from their pods' endpoints (see runtime.scrape).
+    progress: ProgressScraper = field(default_factory=ProgressScraper)
     # Filled by kopf (see handlers.remember_indexes).
     jobs: kopf.Index[JobKey, dict[str, Any]] | None = None
     pods: kopf.Index[JobKey, dict[str, Any]] | None = None

@@ -36,8 +36,6 @@ from rtj_operator.decide import (
 
 logger = logging.getLogger(__name__)
 
-RBAC_GROUP: Final = "rbac.authorization.k8s.io"
-
 # (group, resource, verb) for everything the operator does, its own calls and kopf's.
 REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
     {
@@ -49,15 +47,11 @@ REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
         (constants.GROUP, constants.PLURAL, "patch"),
         (constants.GROUP, constants.PLURAL, "delete"),
         (constants.GROUP, f"{constants.PLURAL}/status", "patch"),
-        # Pods: indexed and watched by kopf, listed fresh, created and deleted. get and patch are not
-        # called, but the trainer Role the operator creates grants them, and RBAC only lets a
-        # subject create a Role granting what it holds itself (no `escalate`).
+        # Pods: indexed and watched by kopf, listed fresh, created and deleted.
         ("", "pods", "list"),
         ("", "pods", "watch"),
         ("", "pods", "create"),
         ("", "pods", "delete"),
-        ("", "pods", "get"),
-        ("", "pods", "patch"),
         # Nodes: indexed and watched; tainted (opt-in taintExcludedNodes) with a read-modify-write.
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
@@ -70,8 +64,6 @@ REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
         ("", "persistentvolumeclaims", "delete"),
         ("", "persistentvolumes", "create"),
         ("", "persistentvolumes", "delete"),
-        (RBAC_GROUP, "roles", "create"),
-        (RBAC_GROUP, "rolebindings", "create"),
         # Events, posted by kopf's event poster for the operator.
         ("", "events", "create"),
     }
@@ -106,8 +98,6 @@ RESOURCES: Final[dict[str, Resource]] = {
     "PersistentVolumeClaim": Resource("", "v1", "persistentvolumeclaims", True),
     "PersistentVolume": Resource("", "v1", "persistentvolumes", False),
     "Node": Resource("", "v1", "nodes", False),
-    "Role": Resource(RBAC_GROUP, "v1", "roles", True),
-    "RoleBinding": Resource(RBAC_GROUP, "v1", "rolebindings", True),
     constants.KIND: Resource(constants.GROUP, constants.VERSION, constants.PLURAL, True),
 }
 

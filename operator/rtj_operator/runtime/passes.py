@@ -81,6 +81,7 @@ async def run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
         old_restarts=view.status.get("restarts") or {},
         new_restarts=plan.status.get("restarts") or {},
         goodput_percent=(plan.status.get("progress") or {}).get("goodputPercent"),
+        status=plan.status,
     )
     if plan.requeue_after is not None:
         await ctx.queue.trigger(key, delay=plan.requeue_after)
@@ -135,6 +136,7 @@ async def _decide(
         ensure_base=ensure_base,
         offsets=runner.offsets,
         refused_at=runner.refused_at,
+        reports=ctx.progress.reports(key),
     )
     plan = decide.reconcile(view, observed, _now())
     if not plan.actions and not plan.status_changed:
@@ -159,7 +161,12 @@ async def _decide_fresh(
     pods = await asyncio.to_thread(ctx.kube.list_pods, *key)
     nodes = await _nodes_confirmed(ctx, pods, view.status)
     observed = observe.observe(
-        pods, nodes, ensure_base=ensure_base, offsets=runner.offsets, refused_at=runner.refused_at
+        pods,
+        nodes,
+        ensure_base=ensure_base,
+        offsets=runner.offsets,
+        refused_at=runner.refused_at,
+        reports=ctx.progress.reports(key),
     )
     plan = decide.reconcile(view, observed, _now())
     if foreign:
