@@ -156,6 +156,11 @@ def _try_get(url: str) -> tuple[int, bytes] | None:
         return None
 
 
+def test_without_a_port_the_sink_still_has_its_file_and_nothing_lingers(tmp_path: Path) -> None:
+    proc = launch(tmp_path, REPORT_THEN_EXIT, 0, RTJ_PROGRESS_LINGER_SECONDS="120")
+    assert proc.wait(timeout=60) == 0  # the report was written, and nobody waits for a reader
+
+
 def test_launcher_forwards_sigterm_and_exits_with_the_childs_status(tmp_path: Path) -> None:
     port = free_port()
     proc = launch(tmp_path, "import time; time.sleep(600)", port)

@@ -157,19 +157,20 @@ def _cpu_only() -> bool:
 @contextmanager
 def progress_endpoint(env: TrainerEnv, child_env: dict[str, str]) -> Iterator[ProgressEndpoint | None]:
     """Serve the pod's progress endpoint while the block runs; the children learn the report file
-    from ``RTJ_PROGRESS_FILE`` in `child_env`. None when ``RTJ_PROGRESS_PORT`` is 0."""
-    if env.progress_port == 0:
-        yield None
-        return
+    from ``RTJ_PROGRESS_FILE`` in `child_env`. With ``RTJ_PROGRESS_PORT`` 0 the file is still
+    there for the endpoint sink to write, but nothing serves it (None)."""
     directory = Path(tempfile.mkdtemp(prefix="rtj-progress-"))
     path = directory / "progress.json"
     child_env[PROGRESS_FILE_ENV] = str(path)
-    endpoint = ProgressEndpoint(path, env.progress_port, ipv6=":" in env.pod_ip)
-    endpoint.start()
+    endpoint = None
+    if env.progress_port != 0:
+        endpoint = ProgressEndpoint(path, env.progress_port, ipv6=":" in env.pod_ip)
+        endpoint.start()
     try:
         yield endpoint
     finally:
-        endpoint.close()
+        if endpoint is not None:
+            endpoint.close()
         shutil.rmtree(directory, ignore_errors=True)
 
 
