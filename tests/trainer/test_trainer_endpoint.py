@@ -54,16 +54,27 @@ def a_report(**changes: Any) -> dict[str, Any]:
     return progress.progress_json(p, now=1_700_000_100.0)
 
 
-def test_endpoint_sink_gets_every_step_and_the_file_sink_stays_throttled(tmp_path: Path) -> None:
+def test_endpoint_sink_is_fresher_than_the_throttled_file_sink(tmp_path: Path) -> None:
     live, lines = tmp_path / "progress.json", tmp_path / "p.jsonl"
     sink = progress.make_sink(f"endpoint,file:{lines}", {progress.PROGRESS_FILE_ENV: str(live)})
-    reporter = progress.Reporter(sink, str(tmp_path / "ck"), interval_seconds=3600)
+    reporter = progress.Reporter(sink, str(tmp_path / "ck"), interval_seconds=3600, live_interval_seconds=0)
     p = progress.Progress(node_rank=0, train_start_time=0.0)
     for step in range(1, 4):
         p.step = step
         reporter.report(p)
         assert json.loads(live.read_text())["step"] == step
     assert [json.loads(line)["step"] for line in lines.read_text().splitlines()] == [1]
+    # At most one live report a second, but a commit, a recovery or the end goes at once.
+    reporter = progress.Reporter(sink, str(tmp_path / "ck"), interval_seconds=3600)
+    assert reporter.live_interval == progress.LIVE_INTERVAL_SECONDS
+    p.step = 10
+    reporter.report(p)
+    p.step = 11
+    reporter.report(p)
+    assert json.loads(live.read_text())["step"] == 10
+    p.step, p.finished = 12, True
+    reporter.report(p, force=True)
+    assert json.loads(live.read_text())["step"] == 12
     with pytest.raises(RuntimeError, match=progress.PROGRESS_FILE_ENV):
         progress.make_sink("endpoint", {})
     with pytest.raises(ValueError, match="endpoint, file:<path> or none"):
