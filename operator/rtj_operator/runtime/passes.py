@@ -93,6 +93,7 @@ async def run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
         old_restarts=view.status.get("restarts") or {},
         new_restarts=plan.status.get("restarts") or {},
         goodput_percent=(plan.status.get("progress") or {}).get("goodputPercent"),
+        status=plan.status,
     )
     if plan.requeue_after is not None:
         await ctx.queue.trigger(key, delay=plan.requeue_after)
@@ -149,6 +150,7 @@ async def _decide(
         refused_at=runner.refused_at,
         health=ctx.node_health,
         fsx_allowed=ctx.fsx_allowed,
+        reports=ctx.progress.reports(key),
     )
     plan = decide.reconcile(view, observed, _now())
     if not plan.actions and not plan.status_changed:
@@ -180,6 +182,7 @@ async def _decide_fresh(
         refused_at=runner.refused_at,
         health=ctx.node_health,
         fsx_allowed=ctx.fsx_allowed,
+        reports=ctx.progress.reports(key),
     )
     plan = decide.reconcile(view, observed, _now())
     if foreign:
