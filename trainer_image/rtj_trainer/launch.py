@@ -1,9 +1,11 @@
 """``rtj-launch -- <training command...>``: the worker container's entry point.
 
 It turns the environment contract (``rtj_trainer.env``) into an ``ft_launcher`` command line and
-execs it, so ft_launcher (NVRx's torchrun) becomes the container's main process and restarts the
-workers of this node on a crash or a missed heartbeat (in-job restart). The argv is built by the pure
-:func:`ft_launcher_argv` and passed as a list: nothing the user wrote reaches a shell.
+runs it as its only child: ft_launcher (NVRx's torchrun) restarts the workers of this node on a crash
+or a missed heartbeat (in-job restart). The argv is built by the pure :func:`ft_launcher_argv` and
+passed as a list: nothing the user wrote reaches a shell. ``rtj-launch`` stays the container's main
+process only to mark a drain before it forwards SIGTERM (:func:`supervise`, ``rtj_trainer.drain``) and
+to write the termination message; it exits with ft_launcher's status.
 
 Rendezvous: worker 0 hosts the c10d store (``is_host=1``), every node dials ``RTJ_RDZV_HOST``
 (``J-worker-0.J.NS.svc``). The name exists only once the headless service publishes worker 0, and a
@@ -13,11 +15,14 @@ an address. With ``RTJ_ROLE=spare`` nothing is launched: the pod holds its node 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rtj_trainer import drain
 from rtj_trainer.env import LAUNCH_MODE, LAUNCH_MODE_DIRECT, ROLE_SPARE, TrainerEnv
 
 log = logging.getLogger("rtj_trainer.launch")
@@ -138,6 +144,61 @@ def idle_as_spare() -> int:
     return 0
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when rtj-launch dies (it runs in its own session, so a
+    process-group kill of the container would otherwise leave it running)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def supervise(argv: Sequence[str], env: dict[str, str], marker: Path) -> int:
+    """Run ``argv`` (ft_launcher) as a child; on SIGTERM mark the drain first, then forward it.
+
+    The child gets its own session: on a local cluster the kubelet signals the container's whole
+    process group, and ft_launcher must hear of the SIGTERM only after the drain file exists (its
+    workers read it). Returns the exit status for the container.
+    """
+    received: list[int] = []
+    child: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if signum == signal.SIGTERM:
+            marker.touch()
+        received.append(signum)
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child[0].pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    with contextlib.suppress(FileNotFoundError):
+        marker.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        drain.step_file(marker).unlink()
+    child.append(
+        subprocess.Popen(argv, env={**env, drain.DRAIN_FILE_ENV: str(marker)}, start_new_session=True,
+                         preexec_fn=_die_with_parent)  # noqa: PLW1509 - single-threaded here
+    )  # fmt: skip
+    if received:  # a signal that came before the child existed
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child[0].pid, received[0])
+    status = _exit_status(child[0].wait())
+    if signal.SIGTERM in received and status != 0:
+        message = drain.termination_message(marker)
+        log.info("%s", message)
+        drain.write_termination_message(message)
+        if drain.step_file(marker).exists():
+            return drain.DRAINED_EXIT_CODE
+    return status
+
+
 def _cpu_only() -> bool:
     try:
         import torch
@@ -148,6 +209,7 @@ def _cpu_only() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The container's entry point; returns its exit status."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--":
@@ -170,8 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ft_launcher's IPC sockets live in TMPDIR; a read-only root filesystem needs it on a volume.
     child_env.setdefault("TMPDIR", tempfile.gettempdir())
     child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    log.info("exec %s", " ".join(full))
+    log.info("run %s", " ".join(full))
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(full[0], full, child_env)
-    return 127  # not reached
+    return supervise(full, child_env, Path(child_env["TMPDIR"]) / f"rtj-drain-{os.getpid()}")
