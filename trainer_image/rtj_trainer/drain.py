@@ -31,6 +31,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
+from rtj_trainer import env
+
 if TYPE_CHECKING:
     import torch
 
@@ -39,7 +41,7 @@ log = logging.getLogger("rtj_trainer.drain")
 # Set by rtj-launch for its children: the file whose existence marks a drain of this pod.
 DRAIN_FILE_ENV: Final = "RTJ_DRAIN_FILE"
 # Rendered by the operator: the container's terminationMessagePath.
-TERMINATION_MESSAGE_PATH_ENV: Final = "RTJ_TERMINATION_MESSAGE_PATH"
+TERMINATION_MESSAGE_PATH_ENV: Final = env.TERMINATION_MESSAGE_PATH
 # The first word of the termination message of a drained worker container.
 DRAINED_REASON: Final = "Drained"
 # 128 + SIGTERM: what a process killed by SIGTERM reports, for a rank that saved and left.

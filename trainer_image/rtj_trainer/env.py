@@ -41,6 +41,9 @@ INPROCESS_BARRIER_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_BARRIER_TIMEOUT_SECOND
 PROGRESS_SINK: Final = "RTJ_PROGRESS_SINK"
 PROGRESS_INTERVAL_SECONDS: Final = "RTJ_PROGRESS_INTERVAL_SECONDS"
 FAULTS: Final = "RTJ_FAULTS"
+TERMINATION_MESSAGE_PATH: Final = "RTJ_TERMINATION_MESSAGE_PATH"
+# Only on the checkpoint-directory init container (rtj-launch --prepare-checkpoint-dir): "<uid>:<gid>".
+CHECKPOINT_DIR_OWNER: Final = "RTJ_CHECKPOINT_DIR_OWNER"
 # User-set (spec.env), not rendered: "direct" makes rtj-launch exec the command without ft_launcher.
 LAUNCH_MODE: Final = "RTJ_LAUNCH_MODE"
 LAUNCH_MODE_DIRECT: Final = "direct"
@@ -75,6 +78,7 @@ CONTRACT_NAMES: Final = (
     INPROCESS_BARRIER_TIMEOUT_SECONDS,
     PROGRESS_SINK,
     FAULTS,
+    TERMINATION_MESSAGE_PATH,
 )
 
 ROLE_WORKER: Final = "worker"

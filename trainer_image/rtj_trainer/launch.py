@@ -11,6 +11,8 @@ Rendezvous: worker 0 hosts the c10d store (``is_host=1``), every node dials ``RT
 (``J-worker-0.J.NS.svc``). The name exists only once the headless service publishes worker 0, and a
 local cluster resolves it only in Python, so it is resolved here, with retries, and ft_launcher gets
 an address. With ``RTJ_ROLE=spare`` nothing is launched: the pod holds its node until it is deleted.
+``rtj-launch --prepare-checkpoint-dir`` is the checkpoint-directory init container
+(``rtj_trainer.checkpoint_dir``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from rtj_trainer import drain
 from rtj_trainer.env import LAUNCH_MODE, LAUNCH_MODE_DIRECT, ROLE_SPARE, TrainerEnv
 
 log = logging.getLogger("rtj_trainer.launch")
+
+# The init container's argument (rtj_trainer.checkpoint_dir): no launcher, only the directory.
+PREPARE_CHECKPOINT_DIR = "--prepare-checkpoint-dir"
 
 
 def _fmt_seconds(value: float) -> str:
@@ -212,6 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The container's entry point; returns its exit status."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = list(sys.argv[1:] if argv is None else argv)
+    if args == [PREPARE_CHECKPOINT_DIR]:
+        from rtj_trainer import checkpoint_dir
+
+        return checkpoint_dir.main(os.environ)
     if args and args[0] == "--":
         args = args[1:]
     env = TrainerEnv.from_environ(os.environ)

@@ -29,8 +29,9 @@ from rtj_operator.progress import parse_time
 REFUSAL_RECHECK_SECONDS = 300.0
 # The API server's message is kept whole up to this many characters (a condition is not a log).
 MAX_MESSAGE_CHARS = 1024
-# HTTP statuses of a create that the same request will meet again: not retried with backoff.
-PERMANENT_CODES = frozenset({400, 403, 422})
+# HTTP statuses of a create that the same request will meet again: not retried with backoff. 404: the
+# cluster does not serve the kind (an opt-in PodGroup without the scheduler-plugins CRD installed).
+PERMANENT_CODES = frozenset({400, 403, 404, 422})
 
 
 @dataclass(frozen=True)

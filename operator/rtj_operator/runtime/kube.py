@@ -37,6 +37,8 @@ from rtj_operator.decide import (
 logger = logging.getLogger(__name__)
 
 RBAC_GROUP: Final = "rbac.authorization.k8s.io"
+POLICY_GROUP: Final = "policy"
+COSCHEDULING_GROUP, COSCHEDULING_VERSION = constants.COSCHEDULING_API_VERSION.split("/")
 
 # (group, resource, verb) for everything the operator does, its own calls and kopf's.
 REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
@@ -72,6 +74,9 @@ REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
         ("", "persistentvolumes", "delete"),
         (RBAC_GROUP, "roles", "create"),
         (RBAC_GROUP, "rolebindings", "create"),
+        # Opt-in children: the workers' PodDisruptionBudget, the coscheduling PodGroup.
+        (POLICY_GROUP, "poddisruptionbudgets", "create"),
+        (COSCHEDULING_GROUP, "podgroups", "create"),
         # Events, posted by kopf's event poster for the operator.
         ("", "events", "create"),
     }
@@ -108,6 +113,8 @@ RESOURCES: Final[dict[str, Resource]] = {
     "Node": Resource("", "v1", "nodes", False),
     "Role": Resource(RBAC_GROUP, "v1", "roles", True),
     "RoleBinding": Resource(RBAC_GROUP, "v1", "rolebindings", True),
+    "PodDisruptionBudget": Resource(POLICY_GROUP, "v1", "poddisruptionbudgets", True),
+    "PodGroup": Resource(COSCHEDULING_GROUP, COSCHEDULING_VERSION, "podgroups", True),
     constants.KIND: Resource(constants.GROUP, constants.VERSION, constants.PLURAL, True),
 }
 
