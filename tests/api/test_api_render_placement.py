@@ -97,7 +97,7 @@ def test_pod_disruption_budget_is_opt_in_owned_and_selects_the_workers() -> None
     assert selector.items() <= worker(j)["metadata"]["labels"].items()
     assert not selector.items() <= spare["metadata"]["labels"].items()
     default = job(disruption={"podDisruptionBudget": {}})
-    assert render.render_pod_disruption_budget(default, uid=UID)["spec"]["maxUnavailable"] == 0  # type: ignore[index]
+    assert render.render_pod_disruption_budget(default, uid=UID)["spec"]["maxUnavailable"] == 0
 
 
 def test_kueue_gang_labels_every_pod_into_one_group_of_workers_and_spares() -> None:
