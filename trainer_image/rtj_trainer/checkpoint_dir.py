@@ -37,7 +37,15 @@ def prepare(path: Path, uid: int, gid: int) -> bool:
     info = path.stat()
     if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (uid, gid, DIRECTORY_MODE):
         return False
-    os.chown(path, uid, gid)
+    try:
+        os.chown(path, uid, gid)
+    except PermissionError:
+        if os.geteuid() == 0:
+            raise
+        # Not root (a local cluster whose kubelet runs as an ordinary user, and so runs the trainer
+        # as that user too): the directory stays this user's, which is the trainer's.
+        log.warning("not root: %s stays owned by uid %d", path, os.geteuid())
+        return True
     os.chmod(path, DIRECTORY_MODE)
     return True
 

@@ -7,7 +7,7 @@ annotation patches) itself. The Helm chart's ClusterRole must grant exactly `REQ
 
 Synchronous on purpose: the official client is synchronous; `runtime` runs these calls in worker
 threads. Creates treat 409 AlreadyExists as success and deletes treat 404 NotFound as success, which
-makes every action safe to repeat. A create refused for good (400, 403, 422) raises `RefusedError`
+makes every action safe to repeat. A create refused for good (400, 403, 404, 422) raises `RefusedError`
 with the API server's message (`decide.admission` turns it into a condition); 429 and 5xx stay
 transient errors that the work queue retries.
 """
@@ -124,7 +124,7 @@ class ConflictError(Exception):
 
 
 class RefusedError(Exception):
-    """The API server refused a create for good (400, 403, 422): retrying the same request is useless."""
+    """The API server refused a create for good (400, 403, 404, 422): retrying the same request is useless."""
 
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(refusal.describe())
