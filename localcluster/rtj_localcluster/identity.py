@@ -8,6 +8,10 @@ names a ``runAsUser`` other than root is started through ``setpriv`` with that u
 in a container: the pod's volumes, its TMPDIR and HOME (the container's own writable layer, given
 to the user here), nothing else.
 
+The host has no passwd entry for the pod's uid, which the container's image would have: ``USER``
+(and ``LOGNAME``) name it, unless the container's env does, so ``getpass.getuser()`` works (kopf
+asks it for its identity).
+
 One liberty, and only for reading: the process keeps the CAP_DAC_READ_SEARCH capability (ambient),
 because the host's Python, its packages and the project's sources live under directories private to
 root (a container has them in its image). It may read and list any file; writes are never exempt.
@@ -89,6 +93,13 @@ def command_prefix(identity: RunAs) -> list[str]:
         f"--ambient-caps=+{READ_CAPABILITY}",
         "--",
     ]
+
+
+def user_env(identity: RunAs, env: dict[str, str]) -> None:
+    """``USER``/``LOGNAME`` for the uid (see above), in place, unless the container set them."""
+    for name in ("USER", "LOGNAME"):
+        if name not in env or env[name] == os.environ.get(name):
+            env[name] = str(identity.uid)
 
 
 def give_to(identity: RunAs, *paths: Path) -> None:

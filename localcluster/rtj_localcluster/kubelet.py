@@ -593,6 +593,7 @@ class PodWorker:
         if run_as is not None:
             # The container's writable layer: its TMPDIR and HOME (the default working directory).
             identity.give_to(run_as, *(p for p in (self.tmp_dir, self.dir / "work") if p is not None))
+            identity.user_env(run_as, env)
             argv = [*identity.command_prefix(run_as), *argv]
         c.env, c.cwd, c.mounts = env, str(cwd), mounts
         with self.log_path(c.name).open("ab") as log_file:
