@@ -360,8 +360,8 @@ class CheckpointSpec(ApiModel):
             "prepareDirectory renders an init container that creates <mountPath>/<job name> owned by the "
             f"trainer's user ({constants.TRAINER_UID}:{constants.TRAINER_GID}), running as root with "
             "CAP_CHOWN and CAP_FOWNER only: a fresh FSx for Lustre file system's root belongs to root and "
-            "its CSI driver ignores fsGroup. Set false where pods may not run as root (Pod Security "
-            "restricted) and the directory is prepared otherwise. Optional; default: true."
+            "its CSI driver ignores fsGroup. Set false where an admission policy forbids root containers "
+            "and the directory is prepared otherwise. Optional; default: true."
         ),
     )
     storage: Annotated[StorageSpec, Immutable()] = Field(
