@@ -94,6 +94,12 @@ def signal_marked(uid: str, container: str | None, sig: int) -> int:
     )
 
 
+# A kubelet's defaults and limits for a container's termination message.
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+TERMINATION_MESSAGE_LIMIT = 4096
+TERMINATION_LOG_LINES = 80
+
+
 class MissingVolumeSourceError(RuntimeError):
     """A ConfigMap or Secret a pod's volume needs (and does not mark optional) does not exist."""
 
@@ -336,6 +342,8 @@ class PodWorker:
         }
         if returncode < 0:
             c.terminated["signal"] = -returncode
+        if message := self._termination_message(c, code):
+            c.terminated["message"] = message
         c.exited.set()
         self._dirty.set()
         return code
@@ -518,7 +526,33 @@ class PodWorker:
                 real = str(Path(real) / mount["subPath"])
                 Path(real).mkdir(parents=True, exist_ok=True)
             mounts[mount["mountPath"]] = real
+        # The container's terminationMessagePath is a file of the pod's directory, read at exit.
+        message_path = container.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
+        mounts.setdefault(message_path, str(self.termination_message_file(container["name"])))
         return normalise_mounts(mounts)
+
+    def termination_message_file(self, container: str) -> Path:
+        return self.dir / f"{container}.termination-log"
+
+    def _reset_termination_message(self, container: str) -> None:
+        """An empty message file that the container's user (runAsUser) may write."""
+        path = self.termination_message_file(container)
+        path.write_bytes(b"")
+        path.chmod(0o666)
+
+    def _termination_message(self, c: ContainerRuntime, code: int) -> str:
+        """What the container wrote to its terminationMessagePath (at most 4096 bytes), or with
+        FallbackToLogsOnError and a failure, the tail of its log, as a kubelet reports it."""
+        with contextlib.suppress(OSError):
+            with self.termination_message_file(c.name).open("rb") as written:
+                message = written.read(TERMINATION_MESSAGE_LIMIT).decode(errors="replace").strip()
+            if message:
+                return message
+        if code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            with contextlib.suppress(OSError):
+                lines = self.log_path(c.name).read_bytes().decode(errors="replace").splitlines()
+                return "\n".join(lines[-TERMINATION_LOG_LINES:])[-TERMINATION_MESSAGE_LIMIT:]
+        return ""
 
     async def _sources(self, container: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         configmaps: dict[str, Any] = {}
@@ -568,6 +602,7 @@ class PodWorker:
 
     async def _spawn(self, c: ContainerRuntime) -> asyncio.subprocess.Process:
         mounts = self.mounts_for(c.spec)
+        self._reset_termination_message(c.name)
         configmaps, secrets = await self._sources(c.spec)
         env = resolve_env(
             c.spec,

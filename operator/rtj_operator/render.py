@@ -375,12 +375,14 @@ def _scheduler_name(job: ResilientTrainingJob) -> str | None:
 
 def _pod_security_context() -> dict[str, Any]:
     """The trainer image's user, and fsGroup for volumes whose driver applies it (emptyDir, block
-    volumes); OnRootMismatch skips the recursive change when the root already has the group."""
+    volumes); OnRootMismatch skips the recursive change when the root already has the group. The
+    runtime's default seccomp profile for every container, the init container included."""
     return {
         "runAsUser": constants.TRAINER_UID,
         "runAsGroup": constants.TRAINER_GID,
         "fsGroup": constants.TRAINER_GID,
         "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 

@@ -2,13 +2,13 @@
 
 The chart is installed into the local cluster's real control plane (audit log on) with node tainting
 on and one FSx file system allowed for the training namespace, which enforces Pod Security
-`restricted`. The operator runs as a pod under the chart's ServiceAccount through a representative
+`baseline`. The operator runs as a pod under the chart's ServiceAccount through a representative
 scenario: a job naming a file system not allowed there (Blocked, no PersistentVolume), a job naming
-the allowed one (its PersistentVolume, deleted with the job), and a real training job whose worker's
-node dies (node excluded and tainted, worker replaced on another node), which then succeeds and is
-deleted by its TTL with its checkpoint claim. Then every (API group, resource, verb) the chart
-grants was used by the operator's identity, except those held only to be delegated to the trainer's
-Role (`kube.DELEGATED_TO_TRAINER`), and none of its requests was refused.
+the allowed one (its PersistentVolume, deleted with the job), a gang-admitted job (its coscheduling
+PodGroup), and a real training job with a PodDisruptionBudget whose worker's node dies (node
+excluded and tainted, worker replaced on another node), which then succeeds and is deleted by its
+TTL with its checkpoint claim. Then every (API group, resource, verb) the chart grants was used by
+the operator's identity, and none of its requests was refused.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 RELEASE = "rtj"
 FULLNAME = f"{RELEASE}-resilient-training-operator"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+BASELINE = {"pod-security.kubernetes.io/enforce": "baseline"}
 FS_ALLOWED = "fs-0123456789abcdef0"
 FS_OTHER = "fs-0fedcba9876543210"
 
@@ -94,6 +95,40 @@ def training_job(namespace: str) -> dict[str, Any]:
     # The first fault of a node excludes it (and taints it: taintExcludedNodes).
     spec["failurePolicy"].update({"taintExcludedNodes": True, "repeatOffenderThreshold": 1})
     spec["ttlSecondsAfterFinished"] = 5
+    # The opt-in PodDisruptionBudget (a rule of the chart's, exercised here).
+    spec["disruption"] = {"podDisruptionBudget": {"maxUnavailable": 1}}
+    return job
+
+
+# The scheduler-plugins PodGroup kind, as far as the API server must know it to store one: a
+# coscheduling job's PodGroup is created by the operator whether or not that scheduler runs.
+POD_GROUP_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podgroups.scheduling.x-k8s.io"},
+    "spec": {
+        "group": "scheduling.x-k8s.io",
+        "names": {"kind": "PodGroup", "plural": "podgroups", "singular": "podgroup"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
+
+
+def gang_job(namespace: str) -> dict[str, Any]:
+    """A job admitted as a gang by the coscheduling plugin: its PodGroup is what matters here (no
+    such scheduler runs on the local cluster, so its pods stay Pending)."""
+    job = fsx_job("gang", namespace, FS_ALLOWED)
+    job["spec"]["scheduling"] = {"gang": {"coscheduling": {}}}
     return job
 
 
@@ -101,7 +136,8 @@ def training_job(namespace: str) -> dict[str, Any]:
 def audited(local_cluster: LocalCluster) -> Iterator[tuple[LocalCluster, str, str]]:
     kubeconfig = local_cluster.kubeconfig_path
     namespace = create_namespace(kubeconfig, "rtj-system", labels=RESTRICTED)
-    team = create_namespace(kubeconfig, "team", labels=RESTRICTED)
+    # Training pods prepare their checkpoint directory with a root init container: `baseline`.
+    team = create_namespace(kubeconfig, "team", labels=BASELINE)
     config = helm.Config(kubeconfig_path=kubeconfig, namespace=namespace, storage_driver="secret")
     values = {
         "operator": {"healthPort": free_port()},
@@ -227,6 +263,17 @@ def test_every_rule_of_the_charts_rbac_is_used_and_nothing_is_refused(
     assert pv["spec"]["csi"]["volumeHandle"] == FS_ALLOWED
     assert not blocked(kubeconfig, team, "fsx-ok")
     kubectl(kubeconfig, "delete", "rtj", "fsx-ok", "-n", team, "--wait=false")
+
+    # A gang-admitted job: the operator creates its coscheduling PodGroup.
+    apply(kubeconfig, POD_GROUP_CRD, tmp_path)
+    crd = "podgroups.scheduling.x-k8s.io"
+    wait_for(lambda: get_json(kubeconfig, "crd", crd).get("status", {}).get("acceptedNames", {}).get("kind"),
+             timeout=60, message="the PodGroup CRD")  # fmt: skip
+    apply(kubeconfig, gang_job(team), tmp_path)
+    group = wait_for(lambda: get_json(kubeconfig, "podgroups", "gang", "-n", team), timeout=120,
+                     message="the job's PodGroup")  # fmt: skip
+    assert group["spec"]["minMember"] == 1
+    kubectl(kubeconfig, "delete", "rtj", "gang", "-n", team, "--wait=false")
     kubectl(kubeconfig, "delete", "rtj", "fsx-other", "-n", team, "--wait=false")
     wait_for(
         lambda: not get_json(kubeconfig, "pv", f"fsx-ok-checkpoints-{team}"),
@@ -234,7 +281,7 @@ def test_every_rule_of_the_charts_rbac_is_used_and_nothing_is_refused(
         message="PV deleted",
     )
 
-    # Real training under Pod Security restricted; the node of worker 1 dies mid-run.
+    # Real training under Pod Security baseline; the node of worker 1 dies mid-run.
     apply(kubeconfig, training_job(team), tmp_path)
 
     def step() -> int:
@@ -261,6 +308,7 @@ def test_every_rule_of_the_charts_rbac_is_used_and_nothing_is_refused(
         message="worker 1 replaced on another node",
     )
     assert replaced["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert get_json(kubeconfig, "pdb", "train-workers", "-n", team)["spec"]["maxUnavailable"] == 1
     # Succeeded, then deleted by its TTL with its claim (retentionPolicy Delete).
     wait_for(lambda: not get_json(kubeconfig, "rtj", "train", "-n", team), timeout=600, interval=2,
              message="the job to succeed and expire")  # fmt: skip

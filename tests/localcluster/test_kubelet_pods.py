@@ -348,3 +348,30 @@ def test_exec_readiness_probe_gates_ready_and_service_dns(
     wait_for(
         lambda: f"web.{namespace}.svc" in hosts.read_text(), timeout=30, message="the Service's DNS record"
     )
+
+
+def test_termination_message_from_the_file_or_the_log_tail(
+    shared_local_cluster: LocalCluster, api: SyncKubeClient, namespace: str
+) -> None:
+    """The container's terminationMessagePath (default /dev/termination-log) becomes
+    terminated.message; with FallbackToLogsOnError a failed container that wrote none gets its log's
+    tail instead; File policy leaves it empty."""
+    writes = "import sys; open(sys.argv[1], 'w').write('FaultReason: BadConfig'); sys.exit(2)"
+    api.create(
+        path_for("pods", namespace),
+        pod_manifest("writes", writes, container={"args": ["/dev/termination-log"]}),
+    )
+    quiet = "import sys; print('first line'); print('the last words'); sys.exit(1)"
+    for name, policy in (("tail", "FallbackToLogsOnError"), ("silent", "File")):
+        api.create(
+            path_for("pods", namespace),
+            pod_manifest(name, quiet, container={"terminationMessagePolicy": policy}),
+        )
+
+    def message(name: str) -> str | None:
+        pod = wait_phase(api, namespace, name, "Failed", "Succeeded")
+        return pod["status"]["containerStatuses"][0]["state"]["terminated"].get("message")
+
+    assert message("writes") == "FaultReason: BadConfig"
+    assert message("tail") == "first line\nthe last words"
+    assert message("silent") is None

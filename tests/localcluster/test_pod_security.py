@@ -1,7 +1,9 @@
 """Which Pod Security level a training namespace needs, asked of the real API server's PodSecurity
 admission with server-side dry runs of the worker pod the operator renders: a p5 (EFA) worker adds
 the IPC_LOCK capability (EFA memory registration), which `baseline` and `restricted` refuse and only
-`privileged` admits; a worker without EFA adapters (the `cpu` profile) meets `restricted`."""
+`privileged` admits; a worker without EFA adapters (the `cpu` profile) meets `baseline`, and
+`restricted` once the root init container that prepares the checkpoint directory is turned off
+(`checkpoint.prepareDirectory: false`)."""
 
 from __future__ import annotations
 
@@ -16,15 +18,16 @@ import yaml
 from rtj_localcluster.binaries import program
 from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.testing import create_namespace, kubectl
-from rtj_operator import api
+from rtj_operator import api, names
 from rtj_operator.render import render
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-def worker_pod(namespace: str, example: str) -> dict[str, Any]:
+def worker_pod(namespace: str, example: str, *, prepare_directory: bool = True) -> dict[str, Any]:
     body = yaml.safe_load((REPO / "examples" / example).read_text())
+    body["spec"]["checkpoint"]["prepareDirectory"] = prepare_directory
     body["metadata"] = {"name": "psa", "namespace": namespace, "uid": "0c6f1e0e-0000-4000-8000-000000000002"}
     pod = next(o for o in render(api.parse_job(body)) if o["kind"] == "Pod")
     pod["metadata"].pop("ownerReferences", None)
@@ -37,21 +40,23 @@ def kubeconfig_path(shared_local_cluster: LocalCluster) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize(
-    ("example", "level", "admitted"),
+    ("example", "level", "prepare_directory", "admitted"),
     [
-        ("p5-2node.yaml", "privileged", True),
-        ("p5-2node.yaml", "baseline", False),
-        ("p5-2node.yaml", "restricted", False),
-        ("local-cpu.yaml", "restricted", True),
+        ("p5-2node.yaml", "privileged", True, True),
+        ("p5-2node.yaml", "baseline", True, False),
+        ("p5-2node.yaml", "restricted", False, False),
+        ("local-cpu.yaml", "baseline", True, True),
+        ("local-cpu.yaml", "restricted", True, False),
+        ("local-cpu.yaml", "restricted", False, True),
     ],
 )
-def test_efa_workers_need_privileged_for_ipc_lock_and_others_meet_restricted(
-    kubeconfig_path: Path, tmp_path: Path, example: str, level: str, admitted: bool
+def test_efa_workers_need_privileged_for_ipc_lock_and_others_meet_baseline_or_restricted(
+    kubeconfig_path: Path, tmp_path: Path, example: str, level: str, prepare_directory: bool, admitted: bool
 ) -> None:
     namespace = create_namespace(
         kubeconfig_path, f"psa-{level}", labels={"pod-security.kubernetes.io/enforce": level}
     )
-    pod = worker_pod(namespace, example)
+    pod = worker_pod(namespace, example, prepare_directory=prepare_directory)
     kubectl(kubeconfig_path, "create", "serviceaccount", pod["spec"]["serviceAccountName"], "-n", namespace)
     manifest = tmp_path / "pod.json"
     manifest.write_text(json.dumps(pod))
@@ -74,7 +79,12 @@ def test_efa_workers_need_privileged_for_ipc_lock_and_others_meet_restricted(
     else:
         assert result.returncode != 0
         assert f'violates PodSecurity "{level}:latest"' in result.stderr, result.stderr
-        # IPC_LOCK is the only objection: everything else of `restricted` is met.
+        if example == "local-cpu.yaml":
+            # The only objection: the init container that prepares the checkpoint directory as root.
+            assert f'"{names.CHECKPOINT_INIT_CONTAINER_NAME}"' in result.stderr, result.stderr
+            assert '"trainer"' not in result.stderr, result.stderr
+            return
+        # IPC_LOCK is the only objection: everything else of the level is met.
         assert "IPC_LOCK" in result.stderr, result.stderr
         objections = result.stderr.split(f'violates PodSecurity "{level}:latest": ', 1)[1]
         assert objections.strip().startswith(("non-default capabilities", "unrestricted capabilities")), (
