@@ -144,6 +144,7 @@ def test_pods_run_as_the_trainer_user_with_its_fs_group() -> None:
         "runAsGroup": 10001,
         "fsGroup": 10001,
         "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
