@@ -2,7 +2,9 @@
 
 `handlers` fills the indexes (kopf's, kept here so that passes started outside a handler, such as a
 requeue wake-up, can read them); `passes` reads them and the API client; `queue` runs the passes.
-`passes.new_context` builds one with its queue wired to the passes.
+`sight` records whether the API server answers (the liveness endpoint reads it); `elector`, when
+leader election is on, says whether this replica may act (`acting`). `passes.new_context` builds
+one with its queue wired to the passes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import kopf
 
 from rtj_operator import events
 from rtj_operator.runtime.kube import Kube
+from rtj_operator.runtime.leader import LeaderElector
 from rtj_operator.runtime.queue import JobKey, WorkQueue
+from rtj_operator.runtime.sight import ApiSight
 
 
 @dataclass
@@ -24,6 +28,10 @@ class OperatorContext:
 
     kube: Kube
     metrics_port: int | None = None
+    sight: ApiSight = field(default_factory=ApiSight)
+    elector: LeaderElector | None = None
+    # kopf's watch settings (see handlers.configure): how long a silent watch is trusted.
+    watch_inactivity_seconds: float = 15.0
     queue: WorkQueue = field(init=False)
     # Filled by kopf (see handlers.remember_indexes).
     jobs: kopf.Index[JobKey, dict[str, Any]] | None = None
@@ -33,6 +41,10 @@ class OperatorContext:
     # kopf copies the memo into each handler's kwargs; it must behave like a kopf.Memo (a dict-like).
     def __copy__(self) -> OperatorContext:
         return self
+
+    def acting(self) -> bool:
+        """Whether this replica may write: always without leader election, else while it leads."""
+        return self.elector is None or self.elector.holds()
 
     def job_body(self, key: JobKey) -> dict[str, Any] | None:
         """The job as last indexed, or None."""

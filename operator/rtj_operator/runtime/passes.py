@@ -6,6 +6,12 @@ fresh and decide again, so that no fault is counted twice and no pod is created 
 writes status (optimistically, with the resourceVersion read), applies the actions and posts the
 Events; a create the API server refuses for good ends the actions and becomes a condition.
 `finalize_job` is the same for a deleted job (the finalizer's work).
+
+With leader election, a replica that no longer leads writes nothing more: every status write and
+every action first checks `OperatorContext.acting` (fencing; see `runtime.leader`). The children
+other than pods (Service, storage, RBAC) are asserted once: a create that succeeded or found the
+child existing is remembered for the job (`known_child`), and later passes skip that create until
+`KNOWN_CHILD_SECONDS` have passed (a child someone deleted is then created again).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import copy
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -32,6 +39,18 @@ logger = logging.getLogger(__name__)
 # What a decision was made from: the plan, the job as seen, and the body it was read from.
 Decided = tuple[decide.Plan, observe.JobView, dict[str, Any]]
 
+# How long a child (not a pod) created or found existing is trusted to exist without a new create.
+KNOWN_CHILD_SECONDS = 600.0
+
+
+class NotLeadingError(Exception):
+    """This replica lost the Lease: it must not write (another replica may be acting)."""
+
+
+def ensure_acting(ctx: OperatorContext) -> None:
+    if not ctx.acting():
+        raise NotLeadingError("not the leader: nothing written")
+
 
 def new_context(client: kube.Kube, *, metrics_port: int | None = None) -> OperatorContext:
     """An operator's state, its work queue running `run_pass`."""
@@ -46,6 +65,14 @@ def _now() -> datetime:
 
 async def run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
     """One pass over one job; returns the result label for metrics."""
+    try:
+        ensure_acting(ctx)
+        return await _run_pass(ctx, key, runner)
+    except NotLeadingError:
+        return "fenced"
+
+
+async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
     body = ctx.job_body(key)
     if body is None:
         forget(ctx, key)
@@ -65,8 +92,9 @@ async def run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
     runner.offsets = dict(plan.offsets)
     if ensure_base:
         runner.ensure_base = False
-    refused = await _apply(ctx, key, plan.actions)
+    refused = await _apply(ctx, key, runner, plan.actions)
     count_writes(ctx)
+    ensure_acting(ctx)
     for event in plan.events:
         # After a refusal, "created" is not what happened: the Blocked Warning says what did.
         if refused is None or event.reason != events.CHILDREN_CREATED:
@@ -88,15 +116,38 @@ async def run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
 
 
 async def _apply(
-    ctx: OperatorContext, key: JobKey, actions: Sequence[decide.Action]
+    ctx: OperatorContext, key: JobKey, runner: JobRunner, actions: Sequence[decide.Action]
 ) -> decide.Refusal | None:
     """Apply the actions in order; stop at a create the API server refuses for good and return it."""
     for action in actions:
+        child = known_child(action)
+        if (
+            child is not None
+            and time.monotonic() - runner.known_children.get(child, -1e18) < KNOWN_CHILD_SECONDS
+        ):
+            continue  # created or found existing a moment ago: no request
+        ensure_acting(ctx)
         try:
             await asyncio.to_thread(ctx.kube.apply, action, key[0])
         except kube.RefusedError as error:
             return error.refusal
+        if child is not None:
+            runner.known_children[child] = time.monotonic()
     return None
+
+
+def known_child(action: decide.Action) -> tuple[str, str, str, str] | None:
+    """The key under which a create of a child other than a pod is remembered, else None."""
+    if not isinstance(action, decide.CreateObject) or action.manifest.get("kind") == "Pod":
+        return None
+    metadata = action.manifest.get("metadata") or {}
+    owners = metadata.get("ownerReferences") or [{}]
+    return (
+        str(action.manifest.get("kind")),
+        str(metadata.get("namespace") or ""),
+        str(metadata.get("name")),
+        str(owners[0].get("uid") or ""),
+    )
 
 
 async def _refused(
@@ -217,6 +268,7 @@ async def _write_status(
     on a conflict. The stored status is remembered as the operator's own (`own_status`)."""
     metadata = body.get("metadata", {})
     namespace, name = metadata["namespace"], metadata["name"]
+    ensure_acting(ctx)
     try:
         written = await asyncio.to_thread(
             ctx.kube.patch_status, namespace, name, status, metadata.get("resourceVersion")
@@ -276,6 +328,8 @@ async def finalize_job(ctx: OperatorContext, key: JobKey, body: kopf.Body) -> No
         for node in ctx.all_nodes()
     }
     for action in decide.finalize(view, taints):
+        if not ctx.acting():
+            raise kopf.TemporaryError("not the leader: the finalizer is left to the leader", delay=5)
         await asyncio.to_thread(ctx.kube.apply, action, key[0])
         if isinstance(action, decide.DeleteObject):
             kopf.event(
