@@ -341,7 +341,8 @@ class EmbeddedOperator:
             )
         except BaseException as error:  # surfaced to the test through start()/stop()
             self.error = error
-            self._ready.set()
+        finally:
+            self._ready.set()  # start() returns once the operator serves or has ended
 
     @property
     def running(self) -> bool:

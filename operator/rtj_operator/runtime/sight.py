@@ -96,7 +96,7 @@ class ApiSight:
 
     def failed(self, error: BaseException) -> None:
         with self._lock:
-            self.last_failure = repr(error)
+            self.last_failure = f"{type(error).__name__}: {error}"
             if is_credential_failure(error):
                 self.credential_failures += 1
 
