@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     election.add_argument(
         "--leader-election-namespace",
         metavar="NS",
-        help="namespace of the Lease (default: the pod's own, else $POD_NAMESPACE)",
+        help="namespace of the Lease (default: $POD_NAMESPACE, else the pod's own)",
     )
     election.add_argument(
         "--leader-election-lease",
@@ -160,9 +160,12 @@ def options_from(args: argparse.Namespace) -> RuntimeOptions:
 
 
 def own_namespace() -> str | None:
+    """$POD_NAMESPACE (the chart sets it), else the service account's namespace file of a pod."""
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
     if IN_CLUSTER_NAMESPACE.exists():
         return IN_CLUSTER_NAMESPACE.read_text(encoding="utf-8").strip() or None
-    return os.environ.get("POD_NAMESPACE") or None
+    return None
 
 
 def make_registry() -> kopf.OperatorRegistry:
