@@ -82,7 +82,8 @@ REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
         ("", "persistentvolumes", "delete"),
         (RBAC_GROUP, "roles", "create"),
         (RBAC_GROUP, "rolebindings", "create"),
-        # Events, posted by kopf's event poster for the operator.
+        # Events, posted by kopf's event poster for the operator, and the milestone Events the
+        # operator posts itself under names of their own.
         ("", "events", "create"),
     }
 )
@@ -162,6 +163,7 @@ RESOURCES: Final[dict[str, Resource]] = {
     "Node": Resource("", "v1", "nodes", False),
     "Role": Resource(RBAC_GROUP, "v1", "roles", True),
     "Lease": Resource(COORDINATION_GROUP, "v1", "leases", True),
+    "Event": Resource("", "v1", "events", True),
     "RoleBinding": Resource(RBAC_GROUP, "v1", "rolebindings", True),
     constants.KIND: Resource(constants.GROUP, constants.VERSION, constants.PLURAL, True),
 }

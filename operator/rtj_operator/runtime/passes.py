@@ -12,6 +12,11 @@ every action first checks `OperatorContext.acting` (fencing; see `runtime.leader
 other than pods (Service, storage, RBAC) are asserted once: a create that succeeded or found the
 child existing is remembered for the job (`known_child`), and later passes skip that create until
 `KNOWN_CHILD_SECONDS` have passed (a child someone deleted is then created again).
+
+Milestone Events (`decide.milestones`: the job's children created, succeeded, budget exhausted) are
+posted under names of their own, and the first pass of each job after the operator starts posts
+again those its status says are due: one lost to a crash between the status write and the post
+appears then, one already posted is answered AlreadyExists.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from typing import Any, cast
 
 import kopf
 
-from rtj_operator import decide, events, metrics, observe
+from rtj_operator import constants, decide, events, metrics, observe
+from rtj_operator.decide import milestones
 from rtj_operator.runtime import kube
 from rtj_operator.runtime.context import OperatorContext
 from rtj_operator.runtime.queue import DEBOUNCE_SECONDS, JobKey, JobRunner, WorkQueue
@@ -98,7 +104,11 @@ async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str
     for event in plan.events:
         # After a refusal, "created" is not what happened: the Blocked Warning says what did.
         if refused is None or event.reason != events.CHILDREN_CREATED:
-            post_event(body, event)
+            await _post(ctx, runner, body, event)
+    if not runner.milestones_replayed:
+        runner.milestones_replayed = True
+        for event in milestones.reached(view.status, view.nodes, view.hot_spares):
+            await _post(ctx, runner, body, event)
     if refused is not None:
         return await _refused(ctx, runner, body, view.generation, refused)
     metrics.observe_pass(
@@ -351,6 +361,51 @@ def count_writes(ctx: OperatorContext) -> None:
 def forget(ctx: OperatorContext, key: JobKey) -> None:
     ctx.queue.forget(key)
     metrics.forget_job(*key)
+
+
+async def _post(
+    ctx: OperatorContext, runner: JobRunner, body: Mapping[str, Any], event: decide.Event
+) -> None:
+    """Post an Event of the pass: a milestone under its own name (once per job), any other by kopf."""
+    if event.reason not in milestones.MILESTONES:
+        post_event(body, event)
+        return
+    ensure_acting(ctx)
+    try:
+        await asyncio.to_thread(ctx.kube.create, milestone_event(body, event))
+    except Exception as error:  # an Event must not fail the pass: the next pass posts it again
+        logger.warning("posting %s failed: %r", event.reason, error)
+        runner.milestones_replayed = False
+
+
+def milestone_event(body: Mapping[str, Any], event: decide.Event) -> dict[str, Any]:
+    """The core/v1 Event of a milestone, named after the job's uid and the reason."""
+    metadata = body["metadata"]
+    now = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": milestones.event_name(metadata["name"], metadata["uid"], event.reason),
+            "namespace": metadata["namespace"],
+        },
+        "involvedObject": {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "name": metadata["name"],
+            "namespace": metadata["namespace"],
+            "uid": metadata["uid"],
+        },
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message[:1024],
+        "source": {"component": constants.MANAGED_BY},
+        "reportingComponent": constants.MANAGED_BY,
+        "reportingInstance": constants.MANAGED_BY,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
 
 
 def post_event(body: Mapping[str, Any], event: decide.Event) -> None:
