@@ -126,20 +126,27 @@ class ApiProxy:
         self.stop()
 
     def _run(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
+        loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._server = loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         with contextlib.suppress(asyncio.CancelledError):
-            self._loop.run_until_complete(self._server.serve_forever())
-        self._loop.close()
+            loop.run_until_complete(self._server.serve_forever())
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(asyncio.sleep(0.2))  # aborted transports close their sockets
+        loop.close()
 
     def _close(self) -> None:
         self._abort_open()
         if self._server is not None:
             self._server.close()
         for task in asyncio.all_tasks(self._loop):
-            task.cancel()
+            if task.get_coro().__name__ == "serve_forever":  # type: ignore[union-attr]
+                task.cancel()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
@@ -161,6 +168,8 @@ class ApiProxy:
                 self._pump(reader, upstream_writer, connection),
                 self._pump(upstream_reader, writer, connection),
             )
+        except asyncio.CancelledError:
+            pass  # the proxy is stopping
         finally:
             connection.abort()
             self.connections.remove(connection)

@@ -39,6 +39,7 @@ from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.testing import kubectl, wait_for
 from rtj_operator import constants, events
 from rtj_operator.main import EXIT_LOST, EmbeddedOperator, RuntimeOptions
+from rtj_operator.runtime.leader import LeaderElectionSettings
 from rtj_operator.runtime.sight import SightSettings
 from test_operator_command import fetch, free_port
 
@@ -316,3 +317,72 @@ def test_a_milestone_event_lost_in_a_crash_is_posted_again_once(kubeconfig: Path
         assert children_created() == 1  # answered AlreadyExists: still one
     finally:
         kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_a_leader_cut_off_from_the_api_stops_acting_before_the_standby_takes_over(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    """Fencing: the leader's connections all freeze; it stops acting once it could not renew for the
+    renew deadline, which is before the Lease runs out and the standby acquires it. The old leader
+    then exits (to restart as a standby); the new one serves, and releases the Lease when stopped."""
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+
+    def elected(identity: str) -> RuntimeOptions:
+        election = LeaderElectionSettings(
+            namespace=namespace,
+            identity=identity,
+            lease_duration_seconds=6,
+            renew_deadline_seconds=4.0,
+            retry_period_seconds=1.0,
+        )
+        return RuntimeOptions(election=election)
+
+    try:
+        with ApiProxy(f"https://127.0.0.1:{_port_of(kubeconfig)}") as proxy:
+            via = kubeconfig_via(kubeconfig, proxy, tmp_path / "via-proxy.kubeconfig")
+            first = EmbeddedOperator(str(via), namespaces=[namespace], options=elected("first")).start()
+            assert first.leading.wait(60) and first.context is not None
+            with EmbeddedOperator(
+                str(kubeconfig), namespaces=[namespace], options=elected("second")
+            ) as second:
+                assert second.context is not None and second.context.elector is not None
+                assert not second.leading.wait(3) and not second.context.acting()
+
+                proxy.outage()
+                cut = time.monotonic()
+                fenced = took_over = None
+                while took_over is None and time.monotonic() - cut < 60:
+                    now = time.monotonic() - cut
+                    if fenced is None and not first.context.acting():
+                        fenced = now
+                    if second.leading.is_set():
+                        took_over = now
+                    time.sleep(0.05)
+                print(
+                    f"\nleader cut off: stopped acting after {fenced} s, the standby led after {took_over} s"
+                )
+                assert fenced is not None and took_over is not None and fenced < took_over
+                # The network comes back: the old leader, fenced for good, still exits.
+                proxy.heal()
+                wait_for(lambda: not first.running, timeout=60, message="the old leader to exit")
+                first.stop()
+                assert first.exit_code == EXIT_LOST
+
+                nodes = get(kubeconfig, "nodes")["items"]
+                instance_type = nodes[0]["metadata"]["labels"][constants.LABEL_INSTANCE_TYPE]
+                apply(
+                    kubeconfig,
+                    job_manifest("fenced", namespace, nodes=1, instanceType=instance_type),
+                    tmp_path,
+                )
+                wait_state(kubeconfig, namespace, "fenced", "Running")
+            lease = get(kubeconfig, "-n", namespace, "lease", LEASE)
+            assert not lease["spec"].get("holderIdentity")  # released on a clean stop
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _port_of(kubeconfig: Path) -> int:
+    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    return int(server.rsplit(":", 1)[1])

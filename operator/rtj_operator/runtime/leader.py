@@ -141,10 +141,11 @@ class LeaderElector:
             if not self.holds() and not renewed:
                 self._lost = True
                 logger.error(
-                    "could not renew the Lease %s/%s within %.0f s: no longer leading",
+                    "could not renew the Lease %s/%s within %.0f s: %s is no longer leading",
                     self.settings.namespace,
                     self.settings.name,
                     self.settings.renew_deadline_seconds,
+                    self.settings.identity,
                 )
                 return
             await _sleep_unless(stop, self.settings.retry_period_seconds)
@@ -174,7 +175,13 @@ class LeaderElector:
         try:
             return await asyncio.to_thread(self._try_acquire_or_renew)
         except Exception as error:
-            logger.warning("Lease %s/%s: %r", self.settings.namespace, self.settings.name, error)
+            logger.warning(
+                "Lease %s/%s (as %s): %r",
+                self.settings.namespace,
+                self.settings.name,
+                self.settings.identity,
+                error,
+            )
             return False
 
     def _try_acquire_or_renew(self) -> bool:
