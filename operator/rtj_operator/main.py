@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -185,8 +186,12 @@ def build_context(
     ctx.watch_inactivity_seconds = options.watch_inactivity_seconds
     if options.election is not None:
         # Its own connection pool: a frozen reconcile connection must not hold up a renewal.
+        lease_timeouts = dataclasses.replace(
+            options.timeouts,
+            connect_seconds=min(options.timeouts.connect_seconds, options.election.call_seconds),
+        )
         lease_client = kube.ApiTransport.from_configuration(
-            client.configuration, timeouts=options.timeouts, outcome=api_sight
+            client.configuration, timeouts=lease_timeouts, outcome=api_sight
         )
         ctx.elector = leader.LeaderElector(lease_client, options.election)
     return ctx
@@ -244,7 +249,18 @@ async def run_operator(  # noqa: PLR0913 - keyword-only flags, each named by its
     health = await sight.serve_health(liveness, lambda: health_report(ctx)) if liveness else None
     background = [
         asyncio.create_task(
-            _stop_when_done(sight.watch_api(ctx.sight, ctx.kube.ping, stop), stop, failed, "credentials")
+            _stop_when_done(
+                sight.watch_api(
+                    ctx.sight,
+                    ctx.kube.ping,
+                    stop,
+                    drop_connections=ctx.kube.drop_connections,
+                    watch_silence_seconds=ctx.watch_inactivity_seconds,
+                ),
+                stop,
+                failed,
+                "credentials",
+            )
         )
     ]
     if stop_flag is not None:

@@ -8,6 +8,8 @@
   long-lived connection.
 - `outage()`: every connection, open or new, is frozen (new ones are accepted, then black-holed).
 - `refuse()`: new connections are closed at once (open ones keep working).
+- `partition()`: open connections freeze and new ones are closed at once (the API server's address
+  unreachable: nothing hangs in a handshake).
 - `reset()`: every open connection is aborted (a TCP reset), once.
 - `heal()`: frozen connections are aborted and new ones pass again.
 
@@ -73,6 +75,13 @@ class ApiProxy:
 
     def refuse(self) -> None:
         self._in_loop(lambda: setattr(self, "_mode", "refuse"))
+
+    def partition(self) -> None:
+        def both() -> None:
+            self._mode = "refuse"
+            self._freeze_open()
+
+        self._in_loop(both)
 
     def reset(self) -> None:
         self._in_loop(self._abort_open)

@@ -73,9 +73,18 @@ def health(port: int) -> int | None:
 
 
 class Replica:
-    """`rtj operator --leader-elect` as a separate process named `name` (its identity's prefix)."""
+    """`rtj operator --leader-elect` as a separate process named `name` (its identity's prefix),
+    serving `namespace` and electing through a Lease there."""
 
-    def __init__(self, kubeconfig: Path, name: str, log: Path) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        name: str,
+        log: Path,
+        *,
+        namespace: str = "default",
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.name, self.health_port, self.metrics_port = name, free_port(), free_port()
         self._log = log.open("w")
         self.process = subprocess.Popen(
@@ -85,19 +94,33 @@ class Replica:
                 "--kubeconfig",
                 str(kubeconfig),
                 "--namespace",
-                "default",
+                namespace,
                 "--leader-elect",
                 "--leader-election-namespace",
-                "default",
+                namespace,
                 "--liveness",
                 f"http://127.0.0.1:{self.health_port}/healthz",
                 "--metrics-port",
                 str(self.metrics_port),
+                *extra,
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "POD_NAME": name},
         )
+
+    def leading(self) -> bool | None:
+        """Whether the replica says it leads (its health report), None when it does not answer."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.health_port}/healthz", timeout=5
+            ) as response:
+                report = json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            report = json.loads(error.read())
+        except OSError:
+            return None
+        return bool(report.get("leading"))
 
     def passes(self) -> float:
         """Reconcile passes this replica ran (0 for a standby: it handles no job)."""
@@ -322,61 +345,54 @@ def test_a_milestone_event_lost_in_a_crash_is_posted_again_once(kubeconfig: Path
 def test_a_leader_cut_off_from_the_api_stops_acting_before_the_standby_takes_over(
     kubeconfig: Path, tmp_path: Path
 ) -> None:
-    """Fencing: the leader's connections all freeze; it stops acting once it could not renew for the
-    renew deadline, which is before the Lease runs out and the standby acquires it. The old leader
-    then exits (to restart as a standby); the new one serves, and releases the Lease when stopped."""
+    """Fencing: the leader's open connections freeze and new ones are refused; it stops acting once it
+    could not renew for the renew deadline, which is before the Lease runs out and the standby
+    acquires it. The old leader then exits 1 (to restart as a standby); the new one serves, and
+    releases the Lease when stopped."""
     install_crd(kubeconfig)
     namespace = new_namespace(kubeconfig)
-
-    def elected(identity: str) -> RuntimeOptions:
-        election = LeaderElectionSettings(
-            namespace=namespace,
-            identity=identity,
-            lease_duration_seconds=6,
-            renew_deadline_seconds=4.0,
-            retry_period_seconds=1.0,
-        )
-        return RuntimeOptions(election=election)
-
+    flags = ("--lease-duration-seconds=6", "--renew-deadline-seconds=4", "--retry-period-seconds=1")
     try:
         with ApiProxy(f"https://127.0.0.1:{_port_of(kubeconfig)}") as proxy:
             via = kubeconfig_via(kubeconfig, proxy, tmp_path / "via-proxy.kubeconfig")
-            first = EmbeddedOperator(str(via), namespaces=[namespace], options=elected("first")).start()
-            assert first.leading.wait(60) and first.context is not None
-            with EmbeddedOperator(
-                str(kubeconfig), namespaces=[namespace], options=elected("second")
-            ) as second:
-                assert second.context is not None and second.context.elector is not None
-                assert not second.leading.wait(3) and not second.context.acting()
-
-                proxy.outage()
-                cut = time.monotonic()
-                fenced = took_over = None
-                while took_over is None and time.monotonic() - cut < 60:
-                    now = time.monotonic() - cut
-                    if fenced is None and not first.context.acting():
-                        fenced = now
-                    if second.leading.is_set():
-                        took_over = now
-                    time.sleep(0.05)
-                print(
-                    f"\nleader cut off: stopped acting after {fenced} s, the standby led after {took_over} s"
+            first = Replica(via, "first", tmp_path / "first.log", namespace=namespace, extra=flags)
+            try:
+                wait_for(first.leading, timeout=120, message="the first replica to lead")
+                election = LeaderElectionSettings(
+                    namespace=namespace,
+                    identity="second",
+                    lease_duration_seconds=6,
+                    renew_deadline_seconds=4.0,
+                    retry_period_seconds=1.0,
                 )
-                assert fenced is not None and took_over is not None and fenced < took_over
-                # The network comes back: the old leader, fenced for good, still exits.
-                proxy.heal()
-                wait_for(lambda: not first.running, timeout=60, message="the old leader to exit")
+                options = RuntimeOptions(election=election)
+                with EmbeddedOperator(str(kubeconfig), namespaces=[namespace], options=options) as second:
+                    assert second.context is not None
+                    assert not second.leading.wait(3) and not second.context.acting()
+
+                    proxy.partition()
+                    cut = time.monotonic()
+                    fenced = took_over = None
+                    while took_over is None and time.monotonic() - cut < 60:
+                        now = time.monotonic() - cut
+                        if fenced is None and first.leading() is False:
+                            fenced = now
+                        if second.leading.is_set():
+                            took_over = now
+                        time.sleep(0.05)
+                    print(
+                        f"\nleader cut off: fenced after {fenced:.1f} s, standby led after {took_over:.1f} s"
+                    )
+                    assert fenced is not None and took_over is not None and fenced < took_over
+                    assert first.process.wait(60) == EXIT_LOST
+
+                    nodes = get(kubeconfig, "nodes")["items"]
+                    instance_type = nodes[0]["metadata"]["labels"][constants.LABEL_INSTANCE_TYPE]
+                    job = job_manifest("fenced", namespace, nodes=1, instanceType=instance_type)
+                    apply(kubeconfig, job, tmp_path)
+                    wait_state(kubeconfig, namespace, "fenced", "Running")
+            finally:
                 first.stop()
-                assert first.exit_code == EXIT_LOST
-
-                nodes = get(kubeconfig, "nodes")["items"]
-                instance_type = nodes[0]["metadata"]["labels"][constants.LABEL_INSTANCE_TYPE]
-                apply(
-                    kubeconfig,
-                    job_manifest("fenced", namespace, nodes=1, instanceType=instance_type),
-                    tmp_path,
-                )
-                wait_state(kubeconfig, namespace, "fenced", "Running")
             lease = get(kubeconfig, "-n", namespace, "lease", LEASE)
             assert not lease["spec"].get("holderIdentity")  # released on a clean stop
     finally:

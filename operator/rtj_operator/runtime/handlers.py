@@ -116,17 +116,17 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo:
 
 
 def jobs_index(**kwargs: Any) -> Any:
-    kwargs["memo"].sight.succeeded()
+    kwargs["memo"].sight.watch_event()
     return {(kwargs["namespace"], kwargs["name"]): passes.plain(kwargs["body"])}
 
 
 def pods_index(**kwargs: Any) -> Any:
-    kwargs["memo"].sight.succeeded()
+    kwargs["memo"].sight.watch_event()
     return {(kwargs["namespace"], kwargs["labels"][constants.LABEL_JOB]): passes.plain(kwargs["body"])}
 
 
 def nodes_index(**kwargs: Any) -> Any:
-    kwargs["memo"].sight.succeeded()
+    kwargs["memo"].sight.watch_event()
     return {kwargs["name"]: passes.plain(kwargs["body"])}
 
 

@@ -2,13 +2,15 @@
 that no longer work.
 
 Every call of the operator's own client (`kube.Kube`) reports its outcome here, and so does every
-watch event kopf delivers (`handlers`); `watch_api` makes a cheap call (GET /version) whenever
-nothing else was heard for a few seconds, so that a quiet cluster is not mistaken for a blind
-operator. `serve_health` answers the kubelet's probes: 200 while some API call or watch event
-succeeded within `SightSettings.stale_after_seconds`, 503 after. A TLS certificate the client
-cannot verify or a 401 Unauthorized, `fatal_failures` times in a row, makes `watch_api` stop the
-operator (the process exits non-zero and the kubelet restarts it with the current mounted token and
-CA): retrying the same credentials forever only fills the log.
+watch event kopf delivers (`handlers`, `watch_event`); `watch_api` makes a cheap call (GET /version)
+whenever nothing else was heard for a few seconds, so that a quiet cluster is not mistaken for a
+blind operator, and drops the client's pooled connections when the watches have gone silent (kopf
+re-makes a silent watch on a new connection; the reads of the pass that follows must not ride a
+pooled connection that froze with it). `serve_health` answers the kubelet's probes: 200 while some
+API call or watch event succeeded within `SightSettings.stale_after_seconds`, 503 after. A TLS
+certificate the client cannot verify or a 401 Unauthorized, `fatal_failures` times in a row, makes
+`watch_api` stop the operator (the process exits non-zero and the kubelet restarts it with the
+current mounted token and CA): retrying the same credentials forever only fills the log.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class ApiSight:
         self._clock = clock
         self._lock = threading.Lock()  # the client reports from worker threads
         self.last_success = clock()
+        self.last_watch_event: float | None = None  # None until kopf delivers one
         self.credential_failures = 0
         self.last_failure = ""
 
@@ -93,6 +96,16 @@ class ApiSight:
         with self._lock:
             self.last_success = self._clock()
             self.credential_failures = 0
+
+    def watch_event(self) -> None:
+        """kopf delivered a watch event (or a listed object)."""
+        with self._lock:
+            self.last_watch_event = self.last_success = self._clock()
+            self.credential_failures = 0
+
+    def watches_silent_for(self) -> float:
+        """Seconds since the last watch event (0 before the first)."""
+        return 0.0 if self.last_watch_event is None else self._clock() - self.last_watch_event
 
     def failed(self, error: BaseException) -> None:
         with self._lock:
@@ -120,11 +133,29 @@ class ApiSight:
         }
 
 
-async def watch_api(sight: ApiSight, ping: Callable[[], object], stop: asyncio.Event) -> None:
-    """Ping the API server whenever it has been silent for a ping interval; return when `stop` is set
-    or when the credentials are hopeless (the caller then stops the operator)."""
+async def watch_api(
+    sight: ApiSight,
+    ping: Callable[[], object],
+    stop: asyncio.Event,
+    *,
+    drop_connections: Callable[[], None] | None = None,
+    watch_silence_seconds: float | None = None,
+) -> None:
+    """Ping the API server whenever it has been silent for a ping interval, and drop the pooled
+    connections once per silence of the watches longer than `watch_silence_seconds`; return when
+    `stop` is set or when the credentials are hopeless (the caller then stops the operator)."""
     interval = sight.settings.ping_interval_seconds
+    dropped_for: float | None = None  # the watch event whose silence the pool was dropped for
     while not stop.is_set():
+        silent_watches = (
+            watch_silence_seconds is not None and sight.watches_silent_for() >= watch_silence_seconds
+        )
+        if drop_connections is not None and silent_watches and dropped_for != sight.last_watch_event:
+            dropped_for = sight.last_watch_event
+            logger.info(
+                "no watch event for %.0f s: dropping pooled API connections", sight.watches_silent_for()
+            )
+            drop_connections()
         if sight.silent_seconds() >= interval:
             try:
                 await asyncio.to_thread(ping)
@@ -139,7 +170,7 @@ async def watch_api(sight: ApiSight, ping: Callable[[], object], stop: asyncio.E
             )
             return
         try:
-            await asyncio.wait_for(stop.wait(), timeout=interval)
+            await asyncio.wait_for(stop.wait(), timeout=min(interval, watch_silence_seconds or interval))
         except TimeoutError:
             pass
 
