@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,7 +31,7 @@ from .controlplane import ControlPlane, ControlPlaneSettings, stop_marked_proces
 from .dns import HostsFileWriter
 from .kubelet import MARK_POD, Kubelet, KubeletConfig, signal_marked
 from .marks import signal_matching
-from .nodes import PROFILES, node_object
+from .nodes import PROFILES, Degradation, node_object
 from .podnet import IpAllocator, library
 from .volumes import Provisioner, default_storage_class
 
@@ -115,6 +115,8 @@ class LocalClusterSettings:
     """Put first on every container's PATH: the environment whose programs the pods run."""
     start_timeout_seconds: float = 180.0
     """How long ``start()`` waits for the control plane and every node to be Ready."""
+    audit_log: bool = False
+    """Run the API server with an audit log (``control_plane.audit_log_path``), for RBAC tests."""
 
 
 class LocalCluster:
@@ -192,6 +194,7 @@ class LocalCluster:
                 api_port=settings.api_port,
                 start_timeout_seconds=settings.start_timeout_seconds,
                 cluster_id=self.cluster_id,
+                audit_log=settings.audit_log,
             )
         )
         self.control_plane.start()
@@ -425,6 +428,24 @@ class LocalCluster:
             kubelet.set_not_ready(message)
 
         self._call(not_ready())
+
+    def degrade_node(
+        self,
+        name: str,
+        *,
+        conditions: Sequence[Mapping[str, str]] = (),
+        allocatable: Mapping[str, str] | None = None,
+    ) -> None:
+        """The node stays Ready but its kubelet reports extra ``conditions`` (e.g. ``{"type":
+        "AcceleratedHardwareReady", "status": "False"}``, as a node health agent sets) and a lower
+        ``allocatable`` (as the GPU device plugin reports for a GPU off the bus), until ``heal_node``."""
+        kubelet = self._kubelet(name)
+        degradation = Degradation(tuple(dict(c) for c in conditions), dict(allocatable or {}))
+
+        async def degrade() -> None:
+            kubelet.degrade(degradation)
+
+        self._call(degrade())
 
     def delete_node(self, name: str) -> None:
         """Kill the node and delete its Node object (pod GC then removes its pods)."""

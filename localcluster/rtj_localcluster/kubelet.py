@@ -36,7 +36,7 @@ from .certs import CertPair
 from .client import ApiError, Informer, KubeClient, now_micro, now_rfc3339, path_for
 from .logserver import LogServer
 from .marks import signal_matching
-from .nodes import NODE_LEASE_NAMESPACE, NodeProfile, node_status, ready_condition
+from .nodes import NODE_LEASE_NAMESPACE, Degradation, NodeProfile, node_status, ready_condition
 from .podenv import (
     SERVICE_ACCOUNT_DIR,
     condition,
@@ -834,6 +834,9 @@ class Kubelet:
         self.connected.set()
         self.dead = False
         self.not_ready_message: str | None = None
+        self.degradation: Degradation | None = None
+        # Condition types a healed degradation had added: dropped from the next status posted.
+        self._cleared_conditions: set[str] = set()
         self.workers: dict[str, PodWorker] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -886,15 +889,22 @@ class Kubelet:
             host_ip=self.host_ip,
             kubelet_port=self.log_server.port,
             not_ready_message=self.not_ready_message,
+            degradation=self.degradation,
         )
         current = self.nodes.get(self.name)
         if current is not None:
-            status["conditions"] = merge_conditions(
-                (current.get("status") or {}).get("conditions") or [], status["conditions"]
-            )
+            status["conditions"] = [
+                c
+                for c in merge_conditions(
+                    (current.get("status") or {}).get("conditions") or [], status["conditions"]
+                )
+                if c.get("type") not in self._cleared_conditions
+            ]
             for item in status["conditions"]:
                 item["lastHeartbeatTime"] = now_rfc3339()
+        cleared = set(self._cleared_conditions)
         await self.client.patch(path_for("nodes", name=self.name, subresource="status"), {"status": status})
+        self._cleared_conditions -= cleared
 
     async def _renew_lease(self) -> None:
         await self.client.patch(
@@ -1048,11 +1058,26 @@ class Kubelet:
         self.connected.clear()
 
     def heal(self) -> None:
-        """End a partition or a NotReady spell."""
+        """End a partition, a NotReady spell or a degradation."""
         if not self.dead:
             self.not_ready_message = None
+            degraded, self.degradation = self.degradation, None
+            if degraded is not None:
+                self._cleared_conditions |= {str(c.get("type")) for c in degraded.conditions}
             self.connected.set()
             self._wake.set()
+            if degraded is not None:
+                self._post_status_soon()
+
+    def degrade(self, degradation: Degradation) -> None:
+        """The node stays Ready but reports ``degradation`` (and keeps reporting it) until healed."""
+        self.degradation = degradation
+        self._post_status_soon()
+
+    def _post_status_soon(self) -> None:
+        task = asyncio.create_task(self._post_status())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def set_not_ready(self, message: str) -> None:
         """The kubelet stays in touch but reports Ready=False (a runtime or device failure)."""

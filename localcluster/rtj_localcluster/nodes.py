@@ -100,10 +100,26 @@ def node_object(
     }
 
 
+@dataclass(frozen=True)
+class Degradation:
+    """A fault that leaves the node Ready: extra conditions (as node-problem-detector or the EKS node
+    monitoring agent would set, e.g. ``{"type": "AcceleratedHardwareReady", "status": "False"}``) and
+    lower allocatable resources (as a device plugin reports when a GPU falls off the bus)."""
+
+    conditions: tuple[Mapping[str, str], ...] = ()
+    allocatable: Mapping[str, str] = field(default_factory=dict)
+
+
 def node_status(
-    profile: NodeProfile, *, host_ip: str, kubelet_port: int, not_ready_message: str | None = None
+    profile: NodeProfile,
+    *,
+    host_ip: str,
+    kubelet_port: int,
+    not_ready_message: str | None = None,
+    degradation: Degradation | None = None,
 ) -> dict[str, Any]:
-    """The status a healthy kubelet posts; with ``not_ready_message`` Ready is False (KubeletNotReady)."""
+    """The status a healthy kubelet posts; with ``not_ready_message`` Ready is False (KubeletNotReady);
+    with ``degradation`` its conditions are added and its allocatable replaces the profile's."""
     now = now_rfc3339()
     conditions = []
     for kind in NODE_CONDITIONS:
@@ -124,9 +140,16 @@ def node_status(
                 "lastTransitionTime": now,
             }
         )
+    allocatable = dict(profile.resources)
+    if degradation is not None:
+        allocatable.update(degradation.allocatable)
+        conditions += [
+            {"reason": "Degraded", "message": "", **c, "lastHeartbeatTime": now, "lastTransitionTime": now}
+            for c in degradation.conditions
+        ]
     return {
         "capacity": dict(profile.resources),
-        "allocatable": dict(profile.resources),
+        "allocatable": allocatable,
         "conditions": conditions,
         "addresses": [{"type": "InternalIP", "address": host_ip}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},

@@ -25,7 +25,11 @@ GANG_RESTART: Final = "GangRestart"  # every worker pod is recreated (rendezvous
 NODE_EXCLUDED: Final = "NodeExcluded"  # a node will not be used by this job again
 NODE_TAINTED: Final = "NodeTainted"  # an excluded node was tainted cluster-wide (opt-in)
 STRANDED_POD_DELETED: Final = "StrandedPodDeleted"  # a pod on a dead node was force-deleted
-RESTART_BUDGET_EXHAUSTED: Final = "RestartBudgetExhausted"  # maxNodeReplacements reached: job Failed
+RESTART_BUDGET_EXHAUSTED: Final = "RestartBudgetExhausted"  # maxNodeReplacements or a budget reached: Failed
+FAILED_BY_RULE: Final = "FailedByRule"  # a failurePolicy rule with action FailJob matched a fault: job Failed
+FAULT_IGNORED: Final = (
+    "FaultIgnored"  # a failurePolicy Ignore rule matched: replaced, counted against nothing
+)
 JOB_SUCCEEDED: Final = "JobSucceeded"  # every worker pod succeeded
 JOB_RECOVERED: Final = "JobRecovered"  # every worker is ready again after a recovery
 INVALID_SPEC: Final = "InvalidSpec"  # the job's spec does not validate; nothing is done for it
@@ -35,6 +39,7 @@ TTL_EXPIRED: Final = "TTLExpired"  # ttlSecondsAfterFinished passed: the job is 
 STORAGE_DELETED: Final = "StorageDeleted"  # retentionPolicy Delete: the checkpoint volume was deleted
 CHILD_REJECTED: Final = "ChildRejected"  # the API server refused a child (400/403/422): invalid, policy
 QUOTA_EXCEEDED: Final = "QuotaExceeded"  # a ResourceQuota of the namespace refused a child
+FILE_SYSTEM_NOT_ALLOWED: Final = "FileSystemNotAllowed"  # fsxStatic names a file system not allowed there
 INSUFFICIENT_NODES: Final = "InsufficientNodes"  # too few nodes can ever hold a worker: no pod created
 STATUS_OVERWRITTEN: Final = "StatusOverwritten"  # someone else wrote the job's status: restored
 
@@ -45,7 +50,8 @@ COND_SUSPENDED: Final = "Suspended"
 COND_SUCCEEDED: Final = "Succeeded"
 COND_FAILED: Final = "Failed"
 # True while the job cannot get its children: the API server refused one (ChildRejected,
-# QuotaExceeded) or too few nodes could ever hold its workers (InsufficientNodes).
+# QuotaExceeded), too few nodes could ever hold its workers (InsufficientNodes), or its FSx file
+# system is not allowed for its namespace (FileSystemNotAllowed).
 COND_BLOCKED: Final = "Blocked"
 CONDITION_TYPES: Final = (
     COND_READY,

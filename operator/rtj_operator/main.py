@@ -32,6 +32,8 @@ from typing import Any
 
 import kopf
 
+from rtj_operator import nodehealth
+from rtj_operator.fsx_policy import AllowListError, FsxAllowList
 from rtj_operator.runtime import handlers, kube, leader, passes, sight
 from rtj_operator.runtime.context import OperatorContext
 
@@ -70,9 +72,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--liveness", metavar="URL", help="health endpoint, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on this port")
     parser.add_argument(
+        "--allow-fsx",
+        action="append",
+        default=[],
+        metavar="NAMESPACE=FILESYSTEM",
+        help="let jobs in NAMESPACE (* for all) mount these FSx file systems (ids, DNS names or *, "
+        "comma-separated; repeatable). Default: none, so fsxStatic jobs are Blocked",
+    )
+    parser.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="log format (default text)"
     )
+    parser.add_argument(
+        "--node-health",
+        metavar="JSON",
+        type=_node_health,
+        default=nodehealth.NodeHealth(),
+        help="node health signals beyond Ready, a JSON object (the chart's nodeHealth values; "
+        "omitted keys keep their defaults; docs/operations.md, 'Node health signals')",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    _add_api_fault_arguments(parser)
+    _add_election_arguments(parser)
+    return parser
+
+
+def _add_api_fault_arguments(parser: argparse.ArgumentParser) -> None:
     faults = parser.add_argument_group("API faults")
     defaults, sight_defaults = kube.Timeouts(), sight.SightSettings()
     faults.add_argument(
@@ -99,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=sight_defaults.fatal_failures,
         help="exit after this many TLS-verification or 401 failures in a row (default %(default)d)",
     )
+
+
+def _add_election_arguments(parser: argparse.ArgumentParser) -> None:
     election = parser.add_argument_group("leader election")
     election.add_argument(
         "--leader-elect",
@@ -133,7 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="renew / acquire interval (default %(default)g)",
     )
-    return parser
 
 
 def options_from(args: argparse.Namespace) -> RuntimeOptions:
@@ -169,6 +195,13 @@ def own_namespace() -> str | None:
     return None
 
 
+def _node_health(text: str) -> nodehealth.NodeHealth:
+    try:
+        return nodehealth.parse_node_health(text)
+    except nodehealth.NodeHealthError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
 def make_registry() -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
@@ -176,12 +209,19 @@ def make_registry() -> kopf.OperatorRegistry:
 
 
 def build_context(
-    kubeconfig: str | None, options: RuntimeOptions, *, metrics_port: int | None = None
+    kubeconfig: str | None,
+    options: RuntimeOptions,
+    *,
+    metrics_port: int | None = None,
+    node_health: nodehealth.NodeHealth | None = None,
+    fsx_allowed: FsxAllowList | None = None,
 ) -> OperatorContext:
     """The operator's state: its client reporting to its sight, and the elector when elected."""
     api_sight = sight.ApiSight(options.sight)
     client = kube.Kube.from_kubeconfig(kubeconfig, timeouts=options.timeouts, outcome=api_sight)
-    ctx = passes.new_context(client, metrics_port=metrics_port)
+    ctx = passes.new_context(
+        client, metrics_port=metrics_port, node_health=node_health, fsx_allowed=fsx_allowed
+    )
     ctx.sight = api_sight
     ctx.watch_inactivity_seconds = options.watch_inactivity_seconds
     if options.election is not None:
@@ -318,7 +358,7 @@ class EmbeddedOperator:
     once it serves the jobs as the leader, and `exit_code` says how it ended.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only options, each named by its caller
         self,
         kubeconfig: str,
         *,
@@ -326,9 +366,13 @@ class EmbeddedOperator:
         metrics_port: int | None = None,
         options: RuntimeOptions | None = None,
         liveness: str | None = None,
+        node_health: nodehealth.NodeHealth | None = None,
+        fsx_allowed: FsxAllowList | None = None,
     ):
         self.kubeconfig, self.namespaces, self.metrics_port = kubeconfig, tuple(namespaces), metrics_port
         self.options, self.liveness = options or RuntimeOptions(), liveness
+        self.node_health = node_health or nodehealth.NodeHealth()
+        self.fsx_allowed = fsx_allowed or FsxAllowList()
         self.context: OperatorContext | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -347,7 +391,13 @@ class EmbeddedOperator:
 
     def _main(self) -> None:
         try:
-            self.context = build_context(self.kubeconfig, self.options, metrics_port=self.metrics_port)
+            self.context = build_context(
+                self.kubeconfig,
+                self.options,
+                metrics_port=self.metrics_port,
+                node_health=self.node_health,
+                fsx_allowed=self.fsx_allowed,
+            )
             self.exit_code = asyncio.run(
                 run_operator(
                     self.context,
@@ -386,6 +436,10 @@ class EmbeddedOperator:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        fsx_allowed = FsxAllowList.parse(args.allow_fsx)
+    except AllowListError as error:
+        parser.error(str(error))
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
@@ -399,7 +453,13 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         parser.error(str(error))
     try:
-        ctx = build_context(args.kubeconfig, options, metrics_port=args.metrics_port)
+        ctx = build_context(
+            args.kubeconfig,
+            options,
+            metrics_port=args.metrics_port,
+            node_health=args.node_health,
+            fsx_allowed=fsx_allowed,
+        )
         return asyncio.run(run_operator(ctx, namespaces=args.namespace, liveness=args.liveness))
     except KeyboardInterrupt:
         return EXIT_STOPPED

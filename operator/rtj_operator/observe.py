@@ -3,19 +3,30 @@
 `runtime.passes` gathers a job's body, its pods and the nodes (from kopf's indexes or fresh reads) and
 calls `observe_job` and `observe` here; the decisions (`rtj_operator.decide`) only ever see these frozen
 dataclasses, never API objects. Also decides what is wrong with a worker's node (`node_problem`):
-NotReady/Unknown beyond the grace period, a NoExecute taint the pod does not tolerate, or deleted.
+NotReady/Unknown beyond the grace period, a NoExecute taint the pod does not tolerate, deleted, or
+one of the health signals of the operator's `NodeHealth` settings (`health_problem`: a condition, a
+taint, a label, a cordon, allocatable GPUs/EFA below the worker's request, faults the trainer blames
+on the node).
 
 Pure: no I/O, time passed in.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from rtj_operator import api, constants, names
+from rtj_operator.fsx_policy import FsxAllowList
+from rtj_operator.nodehealth import (
+    SIGNAL_CORDONED,
+    SIGNAL_INSUFFICIENT_ALLOCATABLE,
+    SIGNAL_TRAINER_REPORTED,
+    NodeHealth,
+)
 from rtj_operator.progress import ProgressReport, RestartOffset, parse_report, parse_time
 
 # The taints the node lifecycle controller puts on NotReady / Unknown nodes: they mirror the Ready
@@ -27,6 +38,8 @@ NODE_HEALTH_TAINTS = frozenset({TAINT_NOT_READY, TAINT_UNREACHABLE})
 # A container's termination message is kept up to this many characters (the kubelet keeps 4 KiB; a
 # condition's message is read by people, and the status must stay small).
 MAX_TERMINATION_MESSAGE_CHARS = 1024
+# The line of a termination message that names the trainer's fault reason (failurePolicy.rules).
+FAULT_REASON_LINE = re.compile(r"^FaultReason: ([A-Za-z][A-Za-z0-9]*)\s*$", re.MULTILINE)
 # Waiting reasons that are steps of a normal start, not a problem worth reporting.
 NORMAL_WAITING_REASONS = frozenset({"", "ContainerCreating", "PodInitializing"})
 
@@ -59,6 +72,15 @@ class Toleration:
 
 
 @dataclass(frozen=True)
+class NodeCondition:
+    """A node condition other than Ready (node-problem-detector's, the EKS agent's, ...)."""
+
+    status: str
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class NodeState:
     name: str
     ready: str  # "True", "False" or "Unknown" (a node without a Ready condition reads "Unknown")
@@ -67,6 +89,7 @@ class NodeState:
     labels: Mapping[str, str] = field(default_factory=dict)
     allocatable: Mapping[str, str] = field(default_factory=dict)  # resource name -> quantity
     unschedulable: bool = False  # spec.unschedulable (cordoned)
+    conditions: Mapping[str, NodeCondition] = field(default_factory=dict)  # by type, Ready left out
 
 
 @dataclass(frozen=True)
@@ -91,6 +114,12 @@ class PodState:
     restart_count_annotation: int | None  # the podReplacement count the pod was created under
     tolerations: tuple[Toleration, ...]
     report: ProgressReport | None
+    # The whole-number resources its containers request (extended resources such as nvidia.com/gpu
+    # and vpc.amazonaws.com/efa are integers by API rule): resource name -> the sum over containers.
+    requests: Mapping[str, int] = field(default_factory=dict)
+    # The failed container's exit code and fault reason (`container_fault`), for the failure policy.
+    exit_code: int | None = None
+    fault_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,13 +135,18 @@ class Observed:
     offsets: Mapping[str, RestartOffset] = field(default_factory=dict)
     # When the API server last refused one of the job's children (in memory; see decide.admission).
     refused_at: datetime | None = None
+    # The operator's settings for judging nodes beyond Ready (see nodehealth).
+    health: NodeHealth = field(default_factory=NodeHealth)
+    # The FSx file systems each namespace may mount (the operator's setting; empty: none).
+    fsx_allowed: FsxAllowList = field(default_factory=FsxAllowList)
 
 
 @dataclass(frozen=True)
 class NodeProblem:
     """Why a node is unfit for a worker; `permanent` when the node is gone for good."""
 
-    reason: str  # NodeDeleted, NodeNotReady, NodeUnreachable, NodeTainted
+    # NodeDeleted, NodeNotReady, NodeUnreachable, NodeTainted, or a health signal's name (nodehealth)
+    reason: str
     message: str
     permanent: bool = False
 
@@ -136,10 +170,16 @@ def observe_node(body: Mapping[str, Any]) -> NodeState:
         _mapping(body.get("status")),
     )
     ready, since = "Unknown", None
+    conditions: dict[str, NodeCondition] = {}
     for condition in map(_mapping, _list(status.get("conditions"))):
-        if condition.get("type") == "Ready":
+        kind = _str(condition.get("type"))
+        if kind == "Ready":
             ready = _str(condition.get("status")) or "Unknown"
             since = parse_time(condition.get("lastTransitionTime"))
+        elif kind:
+            conditions[kind] = NodeCondition(
+                _str(condition.get("status")), _str(condition.get("reason")), _str(condition.get("message"))
+            )
     taints = tuple(
         Taint(
             key=_str(t.get("key")),
@@ -157,7 +197,21 @@ def observe_node(body: Mapping[str, Any]) -> NodeState:
         labels={str(k): _str(v) for k, v in _mapping(metadata.get("labels")).items()},
         allocatable={str(k): str(v) for k, v in _mapping(status.get("allocatable")).items()},
         unschedulable=bool(spec.get("unschedulable")),
+        conditions=conditions,
     )
+
+
+def _whole_requests(spec: Mapping[str, Any]) -> dict[str, int]:
+    """Per resource, the sum of the containers' whole-number requests (limits where no request)."""
+    total: dict[str, int] = {}
+    for container in map(_mapping, _list(spec.get("containers"))):
+        resources = _mapping(container.get("resources"))
+        wanted = {**_mapping(resources.get("limits")), **_mapping(resources.get("requests"))}
+        for name, value in wanted.items():
+            text = str(value).strip()
+            if text.isdigit():
+                total[str(name)] = total.get(str(name), 0) + int(text)
+    return total
 
 
 def observe_pod(body: Mapping[str, Any]) -> PodState | None:
@@ -188,6 +242,9 @@ def observe_pod(body: Mapping[str, Any]) -> PodState | None:
     exits = [m for m in map(_exit_message, containers) if m]
     message = "; ".join(m for m in (_str(status.get("message")), *exits) if m)
     waiting = "; ".join(m for m in map(_waiting_message, containers) if m)
+    exit_code, fault_reason = next(
+        (found for found in map(container_fault, containers) if found[0] is not None), (None, "")
+    )
     tolerations = tuple(
         Toleration(
             key=_str(t.get("key")),
@@ -218,6 +275,9 @@ def observe_pod(body: Mapping[str, Any]) -> PodState | None:
         restart_count_annotation=int(restart_count) if restart_count.isdigit() else None,
         tolerations=tolerations,
         report=parse_report(_str(annotations.get(constants.ANNOTATION_PROGRESS)) or None),
+        requests=_whole_requests(spec),
+        exit_code=exit_code,
+        fault_reason=fault_reason,
     )
 
 
@@ -244,6 +304,22 @@ def _exit_message(container: Mapping[str, Any]) -> str:
     return ""
 
 
+def container_fault(container: Mapping[str, Any]) -> tuple[int | None, str]:
+    """(exit code, fault reason) of a container that exited non-zero, else (None, "").
+
+    The fault reason is the trainer's own, from a line `FaultReason: <Reason>` of its termination
+    message, else the runtime's termination reason (OOMKilled, Error, ...).
+    """
+    for state in (container.get("state"), container.get("lastState")):
+        terminated = _mapping(_mapping(state).get("terminated"))
+        code = terminated.get("exitCode")
+        if not isinstance(code, int) or code == 0:
+            continue
+        found = FAULT_REASON_LINE.search(_str(terminated.get("message")))
+        return code, found.group(1) if found else _str(terminated.get("reason"))
+    return None, ""
+
+
 def _waiting_message(container: Mapping[str, Any]) -> str:
     """`container C waiting: Reason: message` when a container cannot start, else ''."""
     waiting = _mapping(_mapping(container.get("state")).get("waiting"))
@@ -255,13 +331,15 @@ def _waiting_message(container: Mapping[str, Any]) -> str:
     return f"{text}: {detail}" if detail else text
 
 
-def observe(
+def observe(  # noqa: PLR0913 - keyword-only after the two observations, each a named field
     pods: Iterable[Mapping[str, Any]],
     nodes: Iterable[Mapping[str, Any]],
     *,
     ensure_base: bool = False,
     offsets: Mapping[str, RestartOffset] | None = None,
     refused_at: datetime | None = None,
+    health: NodeHealth | None = None,
+    fsx_allowed: FsxAllowList | None = None,
 ) -> Observed:
     pod_states = tuple(p for p in (observe_pod(body) for body in pods) if p is not None)
     node_states = {n.name: n for n in (observe_node(body) for body in nodes) if n.name}
@@ -271,21 +349,27 @@ def observe(
         ensure_base=ensure_base,
         offsets=dict(offsets or {}),
         refused_at=refused_at,
+        health=health or NodeHealth(),
+        fsx_allowed=fsx_allowed or FsxAllowList(),
     )
 
 
-def node_problem(
+def node_problem(  # noqa: PLR0913 - the health settings and the pod are keyword-only
     node_name: str,
     nodes: Mapping[str, NodeState],
     tolerations: tuple[Toleration, ...],
     now: datetime,
     grace_seconds: int,
+    *,
+    health: NodeHealth | None = None,
+    pod: PodState | None = None,
 ) -> tuple[NodeProblem | None, datetime | None]:
     """What is wrong with the node a pod is bound to, and when to look again if nothing is wrong yet.
 
     Returns (problem, None) for a node that is unfit now, (None, when) for a node that will become
     unfit at `when` unless it recovers (NotReady within the grace period), (None, None) for a healthy
-    node. An unbound pod (`node_name` empty) has no node problem.
+    node. An unbound pod (`node_name` empty) has no node problem. With `health`, a Ready node is also
+    judged by its health signals (`health_problem`; `pod` gives the requests and the trainer's report).
     """
     if not node_name:
         return None, None
@@ -312,7 +396,71 @@ def node_problem(
             return problem, None
         if when is not None:
             recheck = min(recheck, when) if recheck else when
+    if health is not None:
+        found = health_problem(node, health, pod)
+        if found is not None:
+            return found, None
     return None, recheck
+
+
+def health_problem(node: NodeState, health: NodeHealth, pod: PodState | None = None) -> NodeProblem | None:
+    """The first health signal of `health` the node shows (nodehealth's module docstring), or None.
+
+    Node-wide signals first (conditions, labels, taints, cordon), then those that depend on the pod:
+    allocatable below its requests, faults its trainer reported on this node.
+    """
+    found = node_health_problem(node, health)
+    if found is None and pod is not None:
+        found = _allocatable_problem(node, health, pod) or _reported_problem(node, health, pod)
+    return found
+
+
+def node_health_problem(node: NodeState, health: NodeHealth) -> NodeProblem | None:
+    """The first node-wide health signal (a condition, a label, a taint, a cordon), or None."""
+    for kind, unhealthy in sorted(health.conditions.items()):
+        condition = node.conditions.get(kind)
+        if condition is not None and condition.status == unhealthy:
+            detail = ": ".join(part for part in (condition.reason, condition.message) if part)
+            message = f"node {node.name} has the condition {kind}={unhealthy}"
+            return _signal(health, kind, f"{message} ({detail})" if detail else message)
+    for key, values in sorted(health.labels.items()):
+        value = node.labels.get(key)
+        if value is not None and (not values or value in values):
+            return _signal(health, value if values else key, f"node {node.name} has the label {key}={value}")
+    for taint in node.taints:
+        if taint.key in health.taints:
+            text = f"node {node.name} has the taint {taint.key}:{taint.effect}"
+            return _signal(health, taint.key, text)
+    if health.replace_on_cordon and node.unschedulable:
+        return _signal(health, SIGNAL_CORDONED, f"node {node.name} is cordoned (spec.unschedulable)")
+    return None
+
+
+def _allocatable_problem(node: NodeState, health: NodeHealth, pod: PodState) -> NodeProblem | None:
+    for resource in health.resources:
+        wanted = pod.requests.get(resource, 0)
+        have = node.allocatable.get(resource, "0").strip()
+        if wanted > 0 and have.isdigit() and int(have) < wanted:
+            text = f"node {node.name} has {have} {resource} allocatable, the worker requests {wanted}"
+            return _signal(health, SIGNAL_INSUFFICIENT_ALLOCATABLE, text)
+    return None
+
+
+def _reported_problem(node: NodeState, health: NodeHealth, pod: PodState) -> NodeProblem | None:
+    faults = pod.report.node_faults if pod.report is not None else None
+    threshold = health.trainer_fault_threshold
+    if faults is None or threshold <= 0 or faults.node != node.name or faults.count < threshold:
+        return None
+    last = f"; last: {faults.last_reason}" if faults.last_reason else ""
+    text = (
+        f"the trainer on node {node.name} reported {faults.count} faults it attributes to the node "
+        f"(threshold {threshold}){last}"
+    )
+    return _signal(health, SIGNAL_TRAINER_REPORTED, text)
+
+
+def _signal(health: NodeHealth, signal: str, message: str) -> NodeProblem:
+    return NodeProblem(signal, message, permanent=health.is_permanent(signal))
 
 
 def _taint_problem(

@@ -36,6 +36,20 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# A node fault's reason is shown in messages and status: kept this short.
+MAX_NODE_FAULT_REASON_CHARS = 256
+
+
+@dataclass(frozen=True)
+class NodeFaultReport:
+    """The report's `nodeFaults`: faults the trainer attributes to the node it runs on (CUDA errors,
+    failed GPU health checks), counted across the node's in-process and in-job restarts."""
+
+    node: str  # the node the faults happened on (a report carried over from another node is ignored)
+    count: int
+    last_reason: str
+
+
 @dataclass(frozen=True)
 class ProgressReport:
     """One pod's progress annotation, validated field by field (a bad field reads as absent)."""
@@ -51,6 +65,7 @@ class ProgressReport:
     useful_step_seconds: float | None
     train_start_time: datetime | None
     finished: bool
+    node_faults: NodeFaultReport | None = None
 
 
 def _int(value: object, default: int = 0) -> int:
@@ -64,6 +79,17 @@ def _float(value: object) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
         return float(value)
     return None
+
+
+def parse_node_faults(value: object) -> NodeFaultReport | None:
+    """`nodeFaults: {"node": str, "count": int, "lastReason": str}`; None when absent or malformed."""
+    if not isinstance(value, dict):
+        return None
+    node, count, reason = value.get("node"), value.get("count"), value.get("lastReason")
+    if not isinstance(node, str) or not node or _int(count, -1) < 0:
+        return None
+    reason = reason[:MAX_NODE_FAULT_REASON_CHARS] if isinstance(reason, str) else ""
+    return NodeFaultReport(node=node, count=_int(count), last_reason=reason)
 
 
 def parse_report(text: str | None) -> ProgressReport | None:
@@ -99,6 +125,7 @@ def parse_report(text: str | None) -> ProgressReport | None:
         useful_step_seconds=_float(raw.get("usefulStepSeconds")),
         train_start_time=parse_time(raw.get("trainStartTime")),
         finished=raw.get("finished") is True,
+        node_faults=parse_node_faults(raw.get("nodeFaults")),
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from rtj_operator import constants, names
 from rtj_operator.api import (
     CHECKPOINT_VOLUME,
+    SCRATCH_VOLUME,
     SHM_MOUNT_PATH,
     SHM_VOLUME,
     ResilientTrainingJob,
@@ -52,6 +53,15 @@ NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreacha
 EFA_ENV = (("FI_PROVIDER", "efa"), ("FI_EFA_USE_DEVICE_RDMA", "1"), ("RDMAV_FORK_SAFE", "1"))
 NCCL_ENV = (("NCCL_SOCKET_IFNAME", "^docker,lo,veth"), ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"))
 PROGRESS_SINK_DEFAULT = "pod-annotation"
+# The root filesystem of a trainer container is read-only; these are where it may write, each a
+# subdirectory of one disk-backed emptyDir: ft_launcher's IPC sockets, torch.compile/inductor caches
+# and Python's temporary files go to /tmp; Triton's cache (~/.triton), CUDA's JIT cache (~/.nv) and
+# anything else under HOME to SCRATCH_HOME, which the pod's HOME points at.
+SCRATCH_HOME = "/home/rtj"
+SCRATCH_MOUNTS = (("/tmp", "tmp"), (SCRATCH_HOME, "home"))
+SCRATCH_SIZE_LIMIT = "16Gi"
+# EFA registers (pins) memory for RDMA; the only capability a trainer container ever adds.
+EFA_CAPABILITIES = ("IPC_LOCK",)
 
 
 # --- names (derived in `rtj_operator.names`) ---------------------------------------------------------------
@@ -154,6 +164,7 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int | None) -
         plain += list(EFA_ENV)
     if sizing.gpus > 0:
         plain += list(NCCL_ENV)
+    plain.append(("HOME", SCRATCH_HOME))
     env += [{"name": name, "value": value} for name, value in plain]
     # The user's entries win on a name clash: drop ours rather than rely on "last one wins".
     overridden = {var.name for var in spec.env}
@@ -228,6 +239,7 @@ def _volumes(job: ResilientTrainingJob) -> list[dict[str, Any]]:
     return [
         {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": checkpoint_claim_name(job)}},
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": sizing.shm_size}},
+        _scratch_volume(),
         *(v.model_dump(by_alias=True, exclude_none=True, mode="json") for v in job.spec.volumes),
     ]
 
@@ -236,8 +248,48 @@ def _volume_mounts(job: ResilientTrainingJob) -> list[dict[str, Any]]:
     return [
         {"name": CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.mount_path},
         {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH},
+        *_scratch_mounts(job),
         *(m.model_dump(by_alias=True, exclude_none=True, mode="json") for m in job.spec.volume_mounts),
     ]
+
+
+# --- hardening: the container's security context and the writable paths it needs ------------------------
+
+
+def _scratch_volume() -> dict[str, Any]:
+    return {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": SCRATCH_SIZE_LIMIT}}
+
+
+def _scratch_mounts(job: ResilientTrainingJob) -> list[dict[str, Any]]:
+    """The writable paths of a read-only root filesystem, except those the job mounts itself."""
+    taken = {m.mount_path.rstrip("/") for m in job.spec.volume_mounts}
+    taken.add(job.spec.checkpoint.mount_path.rstrip("/"))
+    return [
+        {"name": SCRATCH_VOLUME, "mountPath": path, "subPath": sub}
+        for path, sub in SCRATCH_MOUNTS
+        if path not in taken
+    ]
+
+
+def _container_security_context(job: ResilientTrainingJob) -> dict[str, Any]:
+    """Least privilege for the trainer: the Pod Security `restricted` settings, but for IPC_LOCK on EFA.
+
+    Non-root (the image must name a numeric non-root user, or the pod set runAsUser), no privilege
+    escalation, the runtime's default seccomp profile, a read-only root filesystem (writes go to the
+    volumes above) and every capability dropped; nodes with EFA adapters add back IPC_LOCK for RDMA
+    memory registration (docs/security.md says when it takes effect).
+    """
+    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
+    if resolve_sizing(job.spec.instance_type, job.spec.resources).efa_adapters > 0:
+        capabilities["add"] = list(EFA_CAPABILITIES)
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": capabilities,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 @dataclass(frozen=True)
@@ -292,7 +344,7 @@ def _container(job: ResilientTrainingJob, uid: str, role: str, index: int) -> di
         {"name": names.RENDEZVOUS_PORT_NAME, "containerPort": spec.rendezvous.port, "protocol": "TCP"}
     ]
     container["resources"] = _resources(job)
-    container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    container["securityContext"] = _container_security_context(job)
     container["volumeMounts"] = _volume_mounts(job)
     return container
 

@@ -331,6 +331,100 @@ EMBEDDED_CASES: list[tuple[str, dict[str, Any], str, str | None]] = [
         "spec.failurePolicy.maxNodeReplacements",
         "schema",
     ),
+    # failurePolicy rules and budgets
+    (
+        "rule-without-a-matcher",
+        {"spec.failurePolicy.rules": [{"action": "FailJob"}]},
+        "spec.failurePolicy.rules[0]",
+        "cel",
+    ),
+    (
+        "rule-with-two-matchers",
+        {
+            "spec.failurePolicy.rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {"operator": "In", "values": [3]},
+                    "onFaultReasons": ["OOMKilled"],
+                }
+            ]
+        },
+        "spec.failurePolicy.rules[0]",
+        "cel",
+    ),
+    (
+        "rule-action-unknown",
+        {"spec.failurePolicy.rules": [{"action": "Retry", "onFaultReasons": ["OOMKilled"]}]},
+        "spec.failurePolicy.rules[0].action",
+        "schema",
+    ),
+    (
+        "rule-exit-code-zero",
+        {
+            "spec.failurePolicy.rules": [
+                {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [0]}}
+            ]
+        },
+        "spec.failurePolicy.rules[0].onExitCodes.values[0]",
+        "schema",
+    ),
+    (
+        "rule-exit-code-operator-unknown",
+        {
+            "spec.failurePolicy.rules": [
+                {"action": "Ignore", "onExitCodes": {"operator": "Gt", "values": [1]}}
+            ]
+        },
+        "spec.failurePolicy.rules[0].onExitCodes.operator",
+        "schema",
+    ),
+    (
+        "rule-exit-codes-empty",
+        {"spec.failurePolicy.rules": [{"action": "Ignore", "onExitCodes": {"operator": "In", "values": []}}]},
+        "spec.failurePolicy.rules[0].onExitCodes.values",
+        "schema",
+    ),
+    (
+        "rule-disruption-reason-not-a-word",
+        {"spec.failurePolicy.rules": [{"action": "Ignore", "onDisruptionReasons": ["Eviction By API"]}]},
+        "spec.failurePolicy.rules[0].onDisruptionReasons[0]",
+        "schema",
+    ),
+    (
+        "rules-too-many",
+        {"spec.failurePolicy.rules": [{"action": "Ignore", "onFaultReasons": ["OOMKilled"]}] * 17},
+        "spec.failurePolicy.rules",
+        "schema",
+    ),
+    (
+        "budget-class-unknown",
+        {"spec.failurePolicy.budgets": [{"faultClass": "Cosmic", "maxRestarts": 1}]},
+        "spec.failurePolicy.budgets[0].faultClass",
+        "schema",
+    ),
+    (
+        "budget-class-twice",
+        {
+            "spec.failurePolicy.budgets": [
+                {"faultClass": "NodeLoss", "maxRestarts": 1},
+                {"faultClass": "NodeLoss", "maxRestarts": 2},
+            ]
+        },
+        "spec.failurePolicy.budgets",
+        "cel",
+    ),
+    (
+        "budget-window-zero",
+        {"spec.failurePolicy.budgets": [{"faultClass": "NodeLoss", "maxRestarts": 1, "windowSeconds": 0}]},
+        "spec.failurePolicy.budgets[0].windowSeconds",
+        "schema",
+    ),
+    (
+        "max-backoff-below-backoff",
+        {"spec.failurePolicy.backoffSeconds": 60, "spec.failurePolicy.maxBackoffSeconds": 30},
+        "spec.failurePolicy.maxBackoffSeconds",
+        "cel",
+    ),
     (
         "barrier-timeout-huge",
         {"spec.faultTolerance.inProcess": {"barrierTimeoutSeconds": BIG}},

@@ -24,6 +24,7 @@ from chart_support import (
     render,
     value_sets,
 )
+from rtj_operator.nodehealth import NodeHealth
 
 STANDARD_LABELS = (
     "app.kubernetes.io/name",
@@ -50,6 +51,14 @@ def test_lint_strict_has_no_warnings_or_errors(values_name: str) -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
+CLUSTER_SCOPED_KINDS = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
 @pytest.mark.parametrize("values_name", list(value_sets()))
 def test_every_object_has_the_standard_labels_and_a_namespace_when_namespaced(values_name: str) -> None:
     objects = render(value_sets()[values_name])
@@ -59,7 +68,7 @@ def test_every_object_has_the_standard_labels_and_a_namespace_when_namespaced(va
         missing = [key for key in STANDARD_LABELS if key not in labels]
         assert not missing, f"{obj['kind']}/{obj['metadata']['name']} lacks {missing}"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding"}:
+        if obj["kind"] not in CLUSTER_SCOPED_KINDS:
             assert obj["metadata"].get("namespace"), f"{obj['kind']} has no explicit namespace"
 
 
@@ -103,7 +112,7 @@ def test_default_install_runs_two_restricted_operators_for_all_namespaces() -> N
     assert container["image"] == "ghcr.io/resilient-training/rtj-operator:0.1.0"
     # A tag can move, so every start checks the registry; a digest cannot (see the namespaced test).
     assert container["imagePullPolicy"] == "Always"
-    assert container["args"] == [
+    assert container["args"][:12] == [
         "--all-namespaces",
         "--liveness=http://0.0.0.0:8080/healthz",
         "--api-read-timeout-seconds=10",
@@ -119,6 +128,8 @@ def test_default_install_runs_two_restricted_operators_for_all_namespaces() -> N
     ]
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
     assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    (node_health,) = container["args"][12:]
+    assert node_health.startswith("--node-health={")
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
@@ -221,6 +232,13 @@ def test_node_patch_is_granted_only_when_tainting_is_enabled() -> None:
         ({"tolerations": [{"key": "a", "operator": "Matches"}]}, "/tolerations/0/operator"),
         ({"metrics": {"serviceMonitor": {"interval": "soon"}}}, "/metrics/serviceMonitor/interval"),
         ({"livenessProbe": {"periodSeconds": 0}}, "/livenessProbe/periodSeconds"),
+        ({"nodeHealth": {"conditions": {"KernelDeadlock": "Yes"}}}, "/nodeHealth/conditions/KernelDeadlock"),
+        ({"nodeHealth": {"trainerFaultThreshold": -1}}, "/nodeHealth/trainerFaultThreshold"),
+        ({"nodeHealth": {"cordon": True}}, "cordon"),
+        ({"fsx": {"allowedFileSystems": {"team-a": ["efs-0123"]}}}, "/fsx/allowedFileSystems/team-a/0"),
+        ({"fsx": {"allowedFileSystems": {"team-a": []}}}, "/fsx/allowedFileSystems/team-a"),
+        ({"fsx": {"allowedFileSystems": {"Team_A": ["*"]}}}, "invalid propertyName 'Team_A'"),
+        ({"fsx": {"allowedFilesystems": {}}}, "allowedFilesystems"),
     ],
 )
 def test_schema_rejects_bad_values_before_rendering(values: dict[str, Any], message: str) -> None:
@@ -288,3 +306,23 @@ def test_operator_accepts_the_arguments_the_chart_passes(values_name: str) -> No
     assert args.namespace == watched
     assert args.all_namespaces is (not watched)
     assert args.liveness == "http://0.0.0.0:8080/healthz"
+    # No value set changes nodeHealth: the chart's defaults are the operator's own.
+    assert args.node_health == NodeHealth()
+
+
+def test_node_health_values_reach_the_operator_merged_with_the_defaults() -> None:
+    from rtj_operator.main import build_parser
+
+    values = {
+        "nodeHealth": {
+            "conditions": {"KernelDeadlock": None, "GPUMissing": "True"},
+            "replaceOnCordon": False,
+            "trainerFaultThreshold": 5,
+        }
+    }
+    (container,) = one(render(values), "Deployment")["spec"]["template"]["spec"]["containers"]
+    health = build_parser().parse_args(container["args"]).node_health
+    assert health.trainer_fault_threshold == 5 and health.replace_on_cordon is False
+    assert health.conditions["GPUMissing"] == "True" and "KernelDeadlock" not in health.conditions
+    assert health.conditions["AcceleratedHardwareReady"] == "False"  # a default kept by the merge
+    assert health.labels == NodeHealth().labels and health.permanent == NodeHealth().permanent

@@ -7,6 +7,8 @@ modes are checked: cluster-wide (ClusterRoleBinding) and per watched namespace (
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,10 +32,22 @@ CLUSTER_SCOPED = {
 # need on top belongs here, with the reason in docs/security.md.
 KOPF_ALLOWLIST: set[Permission] = set()
 
+
 # Granted only when a value opts in.
-OPT_IN: dict[Permission, dict[str, Any]] = {
-    ("", "nodes", "patch"): {"nodeTainting": {"enabled": True}},
+def _tainting(values: dict[str, Any]) -> bool:
+    return bool(values.get("nodeTainting", {}).get("enabled"))
+
+
+def _fsx(values: dict[str, Any]) -> bool:
+    return bool(values.get("fsx", {}).get("allowedFileSystems"))
+
+
+OPT_IN: dict[Permission, Callable[[dict[str, Any]], bool]] = {
+    ("", "nodes", "patch"): _tainting,
+    ("", "persistentvolumes", "create"): _fsx,
+    ("", "persistentvolumes", "delete"): _fsx,
 }
+FSX = {"fsx": {"allowedFileSystems": {"team-a": ["fs-0123456789abcdef0"]}}}
 
 FORBIDDEN_RESOURCES = {
     "secrets",
@@ -81,17 +95,18 @@ def grants(objects: list[dict[str, Any]]) -> dict[str, set[Permission]]:
     return result
 
 
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     "all-namespaces": {},
-    "all-namespaces-tainting": {"nodeTainting": {"enabled": True}},
+    "all-namespaces-tainting-fsx": {"nodeTainting": {"enabled": True}, **FSX},
     "watched-namespaces": {"watchNamespaces": ["team-a", "team-b"]},
+    "watched-namespaces-fsx": {"watchNamespaces": ["team-a", "team-b"], **FSX},
     "watched-namespaces-tainting": {"watchNamespaces": ["team-a"], "nodeTainting": {"enabled": True}},
 }
 
 
 def enabled(permission: Permission, values: dict[str, Any]) -> bool:
     opt_in = OPT_IN.get(permission)
-    return opt_in is None or all(values.get(key) == value for key, value in opt_in.items())
+    return opt_in is None or opt_in(values)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -145,8 +160,52 @@ def test_leader_election_gets_its_lease_only_in_the_operator_namespace(mode: str
     )
 
 
-def test_operator_holds_every_permission_of_the_trainer_roles_it_creates() -> None:
-    """RBAC escalation prevention: creating a Role requires holding what it grants (or escalate)."""
+def test_without_allowed_file_systems_the_operator_cannot_touch_persistent_volumes() -> None:
+    granted = grants(render({}))
+    assert not {p for scope in granted.values() for p in scope if p[1] == "persistentvolumes"}
+    with_fsx = grants(render(FSX))["*"]
+    assert {("", "persistentvolumes", "create"), ("", "persistentvolumes", "delete")} <= with_fsx
+
+
+def test_the_allow_list_reaches_the_operator_as_flags() -> None:
+    values = {"fsx": {"allowedFileSystems": {"team-a": ["fs-0123456789abcdef0", "fs-0fedcba9876543210"],
+                                             "*": ["fs-00000000000000001"]}}}  # fmt: skip
+    (deployment,) = [o for o in render(values) if o["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--allow-fsx")] == [
+        "--allow-fsx=*=fs-00000000000000001",
+        "--allow-fsx=team-a=fs-0123456789abcdef0,fs-0fedcba9876543210",
+    ]
+    from rtj_operator.fsx_policy import FsxAllowList
+
+    parsed = FsxAllowList.parse(a.removeprefix("--allow-fsx=") for a in args if a.startswith("--allow-fsx"))
+    assert (
+        parsed.refusal("team-b", "fs-00000000000000001", "fs-00000000000000001.fsx.us-east-1.amazonaws.com")
+        is None
+    )
+    assert parsed.refusal(
+        "team-b", "fs-0123456789abcdef0", "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com"
+    )
+
+
+def test_the_permissions_held_for_the_trainer_are_exactly_what_its_role_grants() -> None:
+    """Held only to be delegated (never called): kept equal to the trainer Role, so that a rule taken
+    out of that Role is taken out of the operator's too."""
+    from rtj_operator.runtime.kube import DELEGATED_TO_TRAINER
+
+    roles = [obj for obj in trainer_objects() if obj["kind"] == "Role"]
+    granted = {
+        (group, resource, verb)
+        for role in roles
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert set(DELEGATED_TO_TRAINER) == granted
+
+
+def trainer_objects() -> list[dict[str, Any]]:
     from rtj_operator import api
     from rtj_operator import render as renderer
 
@@ -163,7 +222,12 @@ def test_operator_holds_every_permission_of_the_trainer_roles_it_creates() -> No
             },
         }
     )
-    trainer_roles = [obj for obj in renderer.render(job) if obj["kind"] == "Role"]
+    return renderer.render(job)
+
+
+def test_operator_holds_every_permission_of_the_trainer_roles_it_creates() -> None:
+    """RBAC escalation prevention: creating a Role requires holding what it grants (or escalate)."""
+    trainer_roles = [obj for obj in trainer_objects() if obj["kind"] == "Role"]
     assert trainer_roles
     for values in MODES.values():
         granted = grants(render(values))
@@ -174,3 +238,18 @@ def test_operator_holds_every_permission_of_the_trainer_roles_it_creates() -> No
                     for resource in rule["resources"]:
                         for verb in rule["verbs"]:
                             assert (group, resource, verb) in held, (group, resource, verb)
+
+
+def test_the_fsx_admission_policy_ships_with_an_allow_list_and_applies_to_the_operator_only() -> None:
+    def policies(values: dict[str, Any]) -> list[dict[str, Any]]:
+        return [o for o in render(values) if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+    assert not policies({})
+    assert not policies({"fsx": {**FSX["fsx"], "admissionPolicy": False}})
+    policy, binding = sorted(policies(FSX), key=lambda o: o["kind"])
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (condition,) = policy["spec"]["matchConditions"]
+    account = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-resilient-training-operator"
+    assert condition["expression"] == f"request.userInfo.username == '{account}'"
+    allow_list = next(v for v in policy["spec"]["variables"] if v["name"] == "allowList")
+    assert json.loads(allow_list["expression"]) == FSX["fsx"]["allowedFileSystems"]

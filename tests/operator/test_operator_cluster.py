@@ -456,13 +456,20 @@ def test_a_pod_refused_by_pod_security_is_a_child_rejected_condition(
     kubeconfig: Path, tmp_path: Path
 ) -> None:
     install_crd(kubeconfig)
-    # The workers add IPC_LOCK, which the restricted Pod Security level forbids.
+    # The job mounts a hostPath volume, which the restricted Pod Security level forbids.
     namespace = create_namespace(
         kubeconfig, "rtj-test", labels={"pod-security.kubernetes.io/enforce": "restricted"}
     )
     try:
         with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
-            manifest = job_manifest("psa", namespace, nodes=1, instanceType=_instance_type(kubeconfig))
+            manifest = job_manifest(
+                "psa",
+                namespace,
+                nodes=1,
+                instanceType=_instance_type(kubeconfig),
+                volumes=[{"name": "host", "hostPath": {"path": "/var/log"}}],
+                volumeMounts=[{"name": "host", "mountPath": "/host-log"}],
+            )
             apply(kubeconfig, manifest, tmp_path)
 
             def blocked() -> dict[str, Any] | None:

@@ -51,7 +51,9 @@ def check_invariants(world: World, plan: decide.Plan, last_count: int) -> int:
     assert len(workers) <= job.nodes and len(spares) <= job.hot_spares
     status = world.status()
     count = status.get("restarts", {}).get("podReplacement", 0)
-    assert last_count <= count <= job.policy.max_node_replacements
+    # Disruptions (evictions, deleted pods) are replaced without consuming the failure budget.
+    failures = status.get("budget", {}).get("failuresUsed", 0)
+    assert last_count <= count and failures <= count and failures <= job.policy.max_node_replacements
     excluded = {e["nodeName"] for e in status.get("excludedNodes", [])}
     for action in plan.actions:
         if isinstance(action, decide.CreateObject) and action.kind == "Pod":

@@ -5,6 +5,8 @@ Format: faults separated by ``;``, each ``<kind>@<key>=<value>,...``::
     exception@step=30,rank=1;sigkill@step=60,rank=2;hang@step=90,rank=3;exception@p=0.01,seed=7
 
 kinds: ``exception`` (a Python exception in the training step: the in-process layer recovers it),
+``gpu-error`` (the same, with the text of a CUDA hardware error: the trainer also counts it as a
+fault of its node, ``rtj_trainer.node_faults``),
 ``sigkill`` (the rank SIGKILLs itself: ft_launcher restarts the workers), ``hang`` (the rank sleeps
 forever and stops sending heartbeats: the in-process hard timeout or ft_launcher's heartbeat
 timeout, whichever is shorter, recovers it).
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-KINDS: Final = ("exception", "sigkill", "hang")
+KINDS: Final = ("exception", "gpu-error", "sigkill", "hang")
 
 
 class FaultPlanError(ValueError):
@@ -38,6 +40,10 @@ class FaultPlanError(ValueError):
 
 class InjectedFaultError(RuntimeError):
     """The exception an ``exception`` fault raises."""
+
+
+class InjectedGpuError(InjectedFaultError):
+    """The exception a ``gpu-error`` fault raises: worded as CUDA reports an uncorrectable ECC error."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +174,10 @@ def fire(kind: str, step: int, rank: int) -> None:
     print(f"rtj-fault: injecting {kind} at step {step} on rank {rank}", flush=True)
     if kind == "exception":
         raise InjectedFaultError(f"injected exception at step {step} on rank {rank}")
+    if kind == "gpu-error":
+        raise InjectedGpuError(
+            f"CUDA error: uncorrectable ECC error encountered (injected at step {step} on rank {rank})"
+        )
     if kind == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "hang":

@@ -91,6 +91,8 @@ class Progress:
     loss: float | None = None
     finished: bool = False
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # Faults blamed on this node (rtj_trainer.node_faults.NodeFaultLog.summary), None when none.
+    node_faults: dict[str, Any] | None = None
 
     def add_event(self, event: RecoveryEvent) -> None:
         self.events = [*self.events, event.to_json()][-MAX_EVENTS:]
@@ -120,6 +122,8 @@ def progress_json(p: Progress, now: float) -> dict[str, Any]:
     }
     if p.loss is not None:
         out["loss"] = round(p.loss, 6)
+    if p.node_faults is not None:
+        out["nodeFaults"] = p.node_faults
     return out
 
 
@@ -191,9 +195,10 @@ class PodAnnotationSink:
 
 class ThrottledSink:
     """Passes a report on at most once per `interval_seconds`, except one that changes what the
-    operator acts on or shows at once (a checkpoint commit, a restart, a recovery event, the end)."""
+    operator acts on or shows at once (a checkpoint commit, a restart, a recovery event, a fault
+    blamed on the node, the end)."""
 
-    _URGENT_KEYS: Final = ("lastCheckpoint", "restarts", "events", "finished")
+    _URGENT_KEYS: Final = ("lastCheckpoint", "restarts", "events", "finished", "nodeFaults")
 
     def __init__(self, sink: Sink, interval_seconds: float) -> None:
         self.sink = sink

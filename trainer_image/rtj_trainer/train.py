@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from rtj_trainer import faults as faults_mod
+from rtj_trainer import node_faults
 from rtj_trainer.checkpoint import CheckpointManager
 from rtj_trainer.env import MODE_ASYNC, TrainerEnv
 from rtj_trainer.model import (
@@ -112,6 +113,12 @@ def _parse_time(value: Any) -> float | None:
         return None
 
 
+def _probe_gpu(index: int) -> None:
+    """A small computation on one GPU, waited for: raises when the device does not answer."""
+    torch.ones(1, device=torch.device("cuda", index)).add_(1).cpu()
+    torch.cuda.synchronize(index)
+
+
 @dataclasses.dataclass
 class Memory:
     """The newest state in memory, kept across in-process restarts (references, not copies)."""
@@ -140,13 +147,6 @@ class Trainer:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.master_addr = os.environ["MASTER_ADDR"]
         self.master_port = int(os.environ["MASTER_PORT"])
-        if torch.cuda.is_available():
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
-            self.backend = "nccl"
-        else:
-            self.device = torch.device("cpu")
-            self.backend = "gloo"
         self.cfg = ModelConfig(
             vocab=args.vocab,
             hidden=args.hidden,
@@ -175,6 +175,7 @@ class Trainer:
         self.loop_started: float | None = None  # the first step of this process
         self.iteration_started = time.time()
         self.interrupted_time = 0.0
+        self.interrupted_by: BaseException | None = None
         self.in_job_restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
         now = time.time()
@@ -198,12 +199,22 @@ class Trainer:
             self.in_job_restarts = max(self.in_job_restarts, persisted)
         self.progress.restarts_in_job = self.in_job_restarts
         self.progress.restarts_in_process = self.in_process_base
+        self.node_faults = node_faults.NodeFaultLog(self.checkpoint_dir, node_faults.node_name(env.node_name))
         self.reporter = Reporter(
             make_sink(env.progress_sink, env.namespace, env.pod_name) if self.local_rank == 0 else NoSink(),
             self.checkpoint_dir,
             env.progress_interval_seconds,
             enabled=self.local_rank == 0,
         )
+        # Before any use of the GPU: a GPU that is gone or does not answer is the node's fault.
+        self.check_gpus()
+        if torch.cuda.is_available():
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+            self.backend = "nccl"
+        else:
+            self.device = torch.device("cpu")
+            self.backend = "gloo"
         # The process groups' store lives across in-process iterations; each iteration uses a prefix.
         self.pg_store = dist.TCPStore(  # type: ignore[attr-defined]
             host_name=self.master_addr,
@@ -255,6 +266,7 @@ class Trainer:
         previous_start, self.iteration_started = self.iteration_started, time.time()
         if iteration > 0:
             self.pending = self._in_process_fault(previous_start)
+            self.note_node_fault(self.interrupted_by)
         store = dist.PrefixStore(f"rtj-pg-{iteration}", self.pg_store)  # type: ignore[attr-defined]
         dist.init_process_group(
             self.backend,
@@ -269,7 +281,7 @@ class Trainer:
         except BaseException:
             # One statement only: the wrapper's RankShouldRestart arrives asynchronously and may
             # land again in this handler; the next iteration builds the recovery record.
-            self.interrupted_time = time.time()
+            self.interrupted_time, self.interrupted_by = time.time(), sys.exc_info()[1]
             raise
         dist.destroy_process_group()
         return result
@@ -336,7 +348,7 @@ class Trainer:
                     step_seconds,
                     blocking,
                 )
-            self.reporter.report(self.progress, force=force)
+            self.report(force=force)
         self._finish(steps)
         return 0
 
@@ -427,7 +439,7 @@ class Trainer:
         self._update_progress(steps, self.progress.step_time_seconds, 0.0, self.progress.loss or 0.0)
         self.progress.step = steps
         self.progress.finished = True
-        self.reporter.report(self.progress, force=True)
+        self.report(force=True)
         if self.rank == 0:
             loop = time.perf_counter() - (self.loop_started or time.perf_counter())
             stats = self.ckpt.stats
@@ -439,6 +451,37 @@ class Trainer:
                 f"mode={'Async' if self.ckpt.asynchronous else 'Sync'}",
                 flush=True,
             )
+
+    def report(self, *, force: bool = False) -> None:
+        """Report progress (local rank 0 only), with the faults this node's ranks blamed on it."""
+        if self.local_rank == 0:
+            self.progress.node_faults = self.node_faults.summary()
+            self.reporter.report(self.progress, force=force)
+
+    def note_node_fault(self, error: BaseException | None) -> None:
+        """Count `error` as a fault of this node if it blames the node (rtj_trainer.node_faults)."""
+        reason = node_faults.node_fault_reason(error)
+        if reason is not None:
+            log.warning("rank %d: fault attributed to node %s: %s", self.rank, self.node_faults.node, reason)
+            self.node_faults.record(reason)
+
+    def check_gpus(self) -> None:
+        """A GPU health check before training; a failure is a fault of the node and ends the process
+        (ft_launcher restarts it, and the operator moves the worker once the count passes its
+        threshold)."""
+        wanted = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.env.nproc_per_node)))
+        problem = node_faults.gpu_check_problem(
+            wanted,
+            self.local_rank,
+            available=torch.cuda.is_available,
+            device_count=torch.cuda.device_count,
+            probe=_probe_gpu,
+        )
+        if problem is None:
+            return
+        self.node_faults.record(problem)
+        self.report(force=True)
+        raise RuntimeError(problem)
 
     def close(self) -> None:
         self.ckpt.close()
@@ -469,6 +512,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         rc = wrapped_entry(wrapper, trainer.run)()
+    except BaseException as error:
+        # The fault ends this process (in-process restarts off or used up): count it before ft_launcher
+        # starts the next one, and tell the operator.
+        trainer.note_node_fault(error)
+        trainer.report(force=True)
+        raise
     finally:
         trainer.close()
     return int(rc or 0)

@@ -116,8 +116,11 @@ Cluster-scoped permissions: needed in both modes because these kinds have no nam
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: [{{ if .Values.nodeTainting.enabled }}"get", "list", "watch", "patch"{{ else }}"get", "list", "watch"{{ end }}]
-# Static checkpoint volumes (FSx for Lustre) are PersistentVolumes, which have no namespace.
+{{- if .Values.fsx.allowedFileSystems }}
+# Static checkpoint volumes (FSx for Lustre) are PersistentVolumes, which have no namespace; only
+# when some namespace may mount a file system (fsx.allowedFileSystems).
 - apiGroups: [""]
   resources: ["persistentvolumes"]
   verbs: ["create", "delete"]
+{{- end }}
 {{- end }}

@@ -123,6 +123,45 @@ class NodeFault(StatusModel):
     count: Count = Field(default=0, description="count is the number of faults seen on it.")
     last_reason: str | None = Field(default=None, description="lastReason is the newest fault's reason.")
     last_time: DateTime | None = Field(default=None, description="lastTime is the newest fault's time.")
+    reported_faults: Count | None = Field(
+        default=None,
+        description=(
+            "reportedFaults is the most faults a worker's trainer attributed to this node in its "
+            "progress reports (CUDA errors, failed GPU health checks); past the operator's "
+            "trainerFaultThreshold the node is treated as unhealthy."
+        ),
+    )
+
+
+class RecentFault(StatusModel):
+    """A fault counted against a windowed budget (spec.failurePolicy.budgets)."""
+
+    fault_class: str = Field(description="faultClass is NodeLoss, ProcessFailure or Disruption.")
+    time: DateTime = Field(description="time is when the fault was counted.")
+
+
+class BudgetStatus(StatusModel):
+    """What the failure policy has counted: budgets used and the backoff series."""
+
+    failures_used: Count = Field(
+        default=0,
+        description="failuresUsed counts replacements charged to spec.failurePolicy.maxNodeReplacements.",
+    )
+    disruptions: Count = Field(
+        default=0, description="disruptions counts replacements after evictions, preemptions and drains."
+    )
+    ignored: Count = Field(
+        default=0, description="ignored counts replacements after faults an Ignore rule matched."
+    )
+    consecutive_faults: Count = Field(
+        default=0,
+        description="consecutiveFaults counts faults since the job was last Ready for "
+        "backoffResetSeconds; the backoff doubles with each.",
+    )
+    recent_faults: Annotated[list[RecentFault], Field(max_length=300)] = Field(
+        default_factory=list,
+        description="recentFaults are the faults still inside their class's budget window, oldest first.",
+    )
 
 
 class CheckpointStatus(StatusModel):
@@ -176,6 +215,9 @@ class ResilientTrainingJobStatus(StatusModel):
         default=None, description="workers counts and lists the job's pods."
     )
     restarts: RestartsStatus | None = Field(default=None, description="restarts counts recoveries per layer.")
+    budget: BudgetStatus | None = Field(
+        default=None, description="budget is what the failure policy has counted (budgets, backoff)."
+    )
     excluded_nodes: Annotated[
         list[ExcludedNode],
         SchemaExtra({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["nodeName"]}),

@@ -27,6 +27,7 @@ The modules, in reading order:
 - `failures`: lost workers, fault counting and budgets, node faults and exclusion.
 - `placement`: workers and spares toward running pods; hot spares used for replacements.
 - `lifecycle`: running, suspended, resumed, finished, TTL, invalid specs, deletion.
+- `filesystems`: no create for a job whose FSx file system is not allowed for its namespace.
 - `admission`: children the API server refused; creates held until the spec changes or a recheck.
 - `capacity`: whether enough nodes could ever hold a worker; no pod is created until they do.
 - `conditions`: conditions and the state derived from them.

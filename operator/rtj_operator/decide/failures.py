@@ -1,13 +1,21 @@
-"""Failure handling and budgets: which worker was lost, what it costs, and which nodes to avoid.
+"""Failure handling and budgets: which worker was lost, how the failure policy judges it, and which
+nodes to avoid.
 
 A fault is counted only when an entry recorded Pending/Running on a node (`Entry.on_node`) meets a
 lost, failed or disrupted pod, and the same status write moves the entry to `Replacing`: a crash
 after that write resumes from `Replacing` without counting again; a crash before it counted nothing.
 
-- `detect_losses`: the workers lost since the last pass, and why (`Loss`).
-- `handle_losses`: count them against `failurePolicy.maxNodeReplacements` (or fail the job), record
-  node faults, and choose the scope: the lost workers, or every worker (a gang restart) when worker 0
-  (the rendezvous host) was lost or a worker's processes failed.
+- `detect_losses`: the workers lost since the last pass, and why (`Loss`). A worker that failed while
+  another worker's node is NotReady (within its grace period) is held back until that node's fate is
+  known: its failure is most likely that node's loss seen from the other side.
+- `judge`: each loss's fault class (NodeLoss, ProcessFailure, Disruption) and the action of the first
+  `failurePolicy.rules` entry that matches it, else the class's default (`Verdict`).
+- `handle_losses`: charge the verdicts against `failurePolicy.maxNodeReplacements` and the windowed
+  `budgets` (or fail the job), record node faults, grow the backoff series, and choose the scope: the
+  lost workers, or every worker (a gang restart) when worker 0 (the rendezvous host) was lost or the
+  action is RestartJob (a process failure's default).
+- `attribute_late_node_losses`: a worker already being replaced (a gang restart after a process
+  failure) whose old pod turns out to sit on a lost node: the node's loss is recorded then.
 - `record_node_fault`: a node's fault history; a deleted node or a repeat offender is excluded for
   the job (and, opt-in, tainted cluster-wide).
 - `record_spare_faults`: the spares' nodes are judged before any pod is created in the pass.
@@ -16,13 +24,14 @@ after that write resumes from `Replacing` without counting again; a crash before
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from rtj_operator import constants, events
-from rtj_operator.api import EntryState
+from rtj_operator.api import EntryState, ExitCodeOperator, FailureAction, FailureRule, FaultClass
 from rtj_operator.decide.actions import TaintNode
 from rtj_operator.decide.state import SPARE, WORKER, Entry, ExcludedNodeRecord, NodeFaultRecord, PassState
 from rtj_operator.observe import NodeProblem, PodState
-from rtj_operator.progress import format_time
+from rtj_operator.progress import format_time, parse_time
 
 # Pod status reasons that say the pod was pushed off its node, not that its processes failed.
 DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "Shutdown"})
@@ -43,7 +52,25 @@ class Loss:
 
 def detect_losses(run: PassState) -> list[Loss]:
     found = (detect_loss(run, index) for index in range(run.job.nodes))
-    return [loss for loss in found if loss is not None]
+    losses = [loss for loss in found if loss is not None]
+    failed = {loss.index for loss in losses if loss.reason == events.WORKER_FAILED}
+    if failed and _peer_node_in_doubt(run, failed):
+        # Judged once the doubtful node is lost (a NodeLost; the failures are its consequence) or
+        # Ready again (then they are the workers' own). `run.problem` asked to be woken in time.
+        return [loss for loss in losses if loss.reason != events.WORKER_FAILED]
+    return losses
+
+
+def _peer_node_in_doubt(run: PassState, failed: set[int]) -> bool:
+    """Whether another worker's node is not Ready but still within nodeLossGraceSeconds."""
+    for index in range(run.job.nodes):
+        entry, pod = run.entry(WORKER, index), run.pod(WORKER, index)
+        if index in failed or pod is None or not entry.on_node or pod.node_name != entry.node_name:
+            continue
+        node = run.observed.nodes.get(pod.node_name)
+        if node is not None and node.ready != "True" and run.problem(pod) is None:
+            return True
+    return False
 
 
 def detect_loss(run: PassState, index: int) -> Loss | None:
@@ -88,55 +115,251 @@ def _pod_faulty(run: PassState, index: int, pod: PodState) -> Loss | None:
     return None
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """How the failure policy judges one loss."""
+
+    loss: Loss
+    fault_class: FaultClass
+    action: FailureAction  # the rule's, or the class's default
+    rule: int | None  # the index of the matching rule in failurePolicy.rules
+
+
+DEFAULT_ACTIONS: dict[FaultClass, FailureAction] = {
+    # Only a fresh start of every pod brings back a job one of whose launchers gave up.
+    FaultClass.PROCESS_FAILURE: FailureAction.RESTART_JOB,
+    FaultClass.NODE_LOSS: FailureAction.REPLACE_WORKER,
+    FaultClass.DISRUPTION: FailureAction.REPLACE_WORKER,
+}
+
+
+def fault_class(loss: Loss) -> FaultClass:
+    if loss.reason == events.NODE_LOST:
+        return FaultClass.NODE_LOSS
+    if loss.reason == events.WORKER_FAILED:
+        return FaultClass.PROCESS_FAILURE
+    return FaultClass.DISRUPTION
+
+
+def rule_matches(rule: FailureRule, cls: FaultClass, pod: PodState | None) -> bool:
+    """Whether `rule` matches a loss of class `cls` whose pod (if still there) is `pod`."""
+    if pod is None:
+        return False
+    if rule.on_exit_codes is not None:
+        if cls != FaultClass.PROCESS_FAILURE or pod.exit_code is None:
+            return False
+        inside = pod.exit_code in rule.on_exit_codes.values
+        return inside if rule.on_exit_codes.operator == ExitCodeOperator.IN else not inside
+    if rule.on_fault_reasons is not None:
+        return cls == FaultClass.PROCESS_FAILURE and pod.fault_reason in rule.on_fault_reasons
+    if rule.on_disruption_reasons is not None:
+        reasons = {pod.disruption or "", pod.status_reason}
+        return cls == FaultClass.DISRUPTION and bool(reasons & set(rule.on_disruption_reasons))
+    return False
+
+
+def judge(run: PassState, loss: Loss) -> Verdict:
+    cls = fault_class(loss)
+    for number, rule in enumerate(run.job.model.spec.failure_policy.rules):
+        if rule_matches(rule, cls, loss.pod):
+            return Verdict(loss, cls, rule.action, number)
+    return Verdict(loss, cls, DEFAULT_ACTIONS[cls], None)
+
+
 def handle_losses(run: PassState, losses: list[Loss]) -> bool:
-    """Count the losses, exclude nodes, pick the restart scope. False when the budget is exhausted."""
-    process_failures = [loss for loss in losses if loss.reason == events.WORKER_FAILED]
-    node_or_disruption = [loss for loss in losses if loss.reason != events.WORKER_FAILED]
-    # Worker 0 hosts the c10d rendezvous store: without it the survivors cannot re-rendezvous. A
-    # pod that exited non-zero on a healthy node means its ft_launcher gave up: the processes, not
-    # the node, failed, and only a fresh start of every pod brings the job back.
-    gang = bool(process_failures) or any(loss.index == 0 for loss in losses)
-    count = len(node_or_disruption) if node_or_disruption else 1
-    for loss in losses:
+    """Judge and count the losses, exclude nodes, pick the restart scope. False when the job failed."""
+    verdicts = _consequences_apart([judge(run, loss) for loss in losses])
+    for verdict in verdicts:
+        loss = verdict.loss
         run.event(events.WARNING, loss.reason, loss.message)
         if loss.node_problem is not None:
             node = loss.pod.node_name if loss.pod else run.entry(WORKER, loss.index).node_name
             record_node_fault(run, node, loss.node_problem)
             if loss.reason == events.NODE_LOST:
                 run.counters["node_losses"] += 1
-    if run.restarts.pod_replacement + count > run.job.policy.max_node_replacements:
-        _fail_budget(run, losses)
+    fatal = next((v for v in verdicts if v.action == FailureAction.FAIL_JOB), None)
+    if fatal is not None:
+        _fail_by_rule(run, fatal)
         return False
-    run.restarts.pod_replacement += count
-    run.counters["pod_replacements"] += count
-    lead = losses[0]
+    charged = _charged_units(verdicts)
+    if not _within_budgets(run, verdicts, charged):
+        return False
+    _count(run, charged)
+    lead = verdicts[0].loss
     run.condition(events.COND_RECOVERING, True, lead.reason, lead.message)
-    if gang:
-        run.counters["gang_restarts"] += 1
-        why = (
-            "worker 0 (the rendezvous host) was lost"
-            if any(loss.index == 0 for loss in node_or_disruption)
-            else "a worker's processes failed"
-        )
-        run.event(events.WARNING, events.GANG_RESTART, f"restarting all {run.job.nodes} workers: {why}")
-        replaced = list(range(run.job.nodes))
-    else:
-        replaced = [loss.index for loss in losses]
-    for index in replaced:
-        run.entry(WORKER, index).state = EntryState.REPLACING
+    _choose_scope(run, verdicts)
     return True
 
 
-def _fail_budget(run: PassState, losses: list[Loss]) -> None:
-    budget = run.job.policy.max_node_replacements
+def _consequences_apart(verdicts: list[Verdict]) -> list[Verdict]:
+    """Process failures met in the same pass as a node loss or disruption are its consequence (the
+    survivors' launchers lose their peer): no rule judges them, their pods are only replaced."""
+    if all(v.fault_class == FaultClass.PROCESS_FAILURE for v in verdicts):
+        return verdicts
+    return [
+        Verdict(v.loss, v.fault_class, FailureAction.REPLACE_WORKER, None)
+        if v.fault_class == FaultClass.PROCESS_FAILURE
+        else v
+        for v in verdicts
+    ]
+
+
+def _charged_units(verdicts: list[Verdict]) -> list[Verdict]:
+    """The verdicts that count as one replacement each.
+
+    A process failure met in the same pass as a node loss or disruption is its consequence (the
+    survivors' launchers lose their peer) and counts nothing of its own; process failures alone
+    count once, however many pods failed: one gang restart recovers them all.
+    """
+    others = [v for v in verdicts if v.fault_class != FaultClass.PROCESS_FAILURE]
+    if others:
+        return others
+    counted = [v for v in verdicts if v.action != FailureAction.IGNORE]
+    return counted[:1] or verdicts[:1]
+
+
+def _charges_failure(run: PassState, verdict: Verdict) -> bool:
+    """Whether a counted unit consumes maxNodeReplacements."""
+    if verdict.action == FailureAction.IGNORE:
+        return False
+    return verdict.fault_class != FaultClass.DISRUPTION or run.job.model.spec.failure_policy.count_disruptions
+
+
+def _within_budgets(run: PassState, verdicts: list[Verdict], charged: list[Verdict]) -> bool:
+    policy = run.job.model.spec.failure_policy
+    failures = sum(1 for v in charged if _charges_failure(run, v))
+    if failures and run.budget.failures_used + failures > policy.max_node_replacements:
+        used = run.budget.failures_used
+        limit = policy.max_node_replacements
+        _fail_budget(run, f"{used} of {limit} pod replacements for failures used", verdicts)
+        return False
+    _forget_old_faults(run)
+    for budget in policy.budgets:
+        new = sum(
+            1 for v in charged if v.fault_class == budget.fault_class and v.action != FailureAction.IGNORE
+        )
+        if not new:
+            continue
+        recent = sum(1 for cls, _ in run.budget.recent if cls == budget.fault_class)
+        if recent + new > budget.max_restarts:
+            _fail_budget(
+                run,
+                f"{recent} {budget.fault_class} faults within {budget.window_seconds} s "
+                f"(budget {budget.max_restarts})",
+                verdicts,
+            )
+            return False
+    return True
+
+
+def _forget_old_faults(run: PassState) -> None:
+    """Keep only the recent faults still inside their class's window (a class without a budget: none)."""
+    windows = {b.fault_class.value: b.window_seconds for b in run.job.model.spec.failure_policy.budgets}
+    kept = []
+    for cls, when in run.budget.recent:
+        moment = parse_time(when)
+        if cls in windows and moment is not None and run.now - moment < timedelta(seconds=windows[cls]):
+            kept.append((cls, when))
+    run.budget.recent = kept
+
+
+def _count(run: PassState, charged: list[Verdict]) -> None:
+    windowed = {b.fault_class for b in run.job.model.spec.failure_policy.budgets}
+    counted = [v for v in charged if v.action != FailureAction.IGNORE]
+    run.budget.failures_used += sum(1 for v in charged if _charges_failure(run, v))
+    run.budget.disruptions += sum(1 for v in counted if v.fault_class == FaultClass.DISRUPTION)
+    run.budget.ignored += len(charged) - len(counted)
+    run.budget.recent += [
+        (v.fault_class.value, format_time(run.now)) for v in counted if v.fault_class in windowed
+    ]
+    if counted:
+        _grow_backoff_series(run)
+    run.restarts.pod_replacement += len(charged)
+    run.counters["pod_replacements"] += len(charged)
+    for verdict in charged:
+        if verdict.action == FailureAction.IGNORE:
+            run.event(
+                events.NORMAL,
+                events.FAULT_IGNORED,
+                f"rule {verdict.rule} of failurePolicy.rules: {verdict.fault_class} of worker "
+                f"{verdict.loss.index} counted against no budget",
+            )
+
+
+def _grow_backoff_series(run: PassState) -> None:
+    """A fault after the job was Ready for backoffResetSeconds starts a new series."""
+    reset = timedelta(seconds=run.job.model.spec.failure_policy.backoff_reset_seconds)
+    ready = next((c for c in run.conditions if c.get("type") == events.COND_READY), None)
+    since = parse_time(ready.get("lastTransitionTime")) if ready and ready.get("status") == "True" else None
+    if since is not None and run.now - since >= reset:
+        run.budget.consecutive_faults = 0
+    run.budget.consecutive_faults += 1
+
+
+def _choose_scope(run: PassState, verdicts: list[Verdict]) -> None:
+    actions = [
+        DEFAULT_ACTIONS[v.fault_class] if v.action == FailureAction.IGNORE else v.action for v in verdicts
+    ]
+    host_lost = any(v.loss.index == 0 and v.fault_class != FaultClass.PROCESS_FAILURE for v in verdicts)
+    if host_lost or FailureAction.RESTART_JOB in actions:
+        run.counters["gang_restarts"] += 1
+        if host_lost:
+            why = "worker 0 (the rendezvous host) was lost"
+        elif any(v.rule is not None and v.action == FailureAction.RESTART_JOB for v in verdicts):
+            why = "a failurePolicy rule asks for it"
+        else:
+            why = "a worker's processes failed"
+        run.event(events.WARNING, events.GANG_RESTART, f"restarting all {run.job.nodes} workers: {why}")
+        replaced = list(range(run.job.nodes))
+    else:
+        replaced = [v.loss.index for v in verdicts]
+    for index in replaced:
+        run.entry(WORKER, index).state = EntryState.REPLACING
+
+
+def _fail_by_rule(run: PassState, verdict: Verdict) -> None:
     message = (
-        f"{run.restarts.pod_replacement} of {budget} pod replacements used; "
-        f"not replacing after: {losses[0].message}"
+        f"rule {verdict.rule} of failurePolicy.rules (FailJob) matched a {verdict.fault_class}: "
+        f"{verdict.loss.message}"
     )
-    run.condition(events.COND_FAILED, True, events.RESTART_BUDGET_EXHAUSTED, message)
-    run.event(events.WARNING, events.RESTART_BUDGET_EXHAUSTED, message)
+    _fail(run, events.FAILED_BY_RULE, message)
+
+
+def _fail_budget(run: PassState, used: str, verdicts: list[Verdict]) -> None:
+    _fail(run, events.RESTART_BUDGET_EXHAUSTED, f"{used}; not replacing after: {verdicts[0].loss.message}")
+
+
+def _fail(run: PassState, reason: str, message: str) -> None:
+    run.condition(events.COND_FAILED, True, reason, message)
+    run.event(events.WARNING, reason, message)
     run.completion_time = run.completion_time or format_time(run.now)
     run.remove_all_pods()
+
+
+def attribute_late_node_loss(run: PassState, entry: Entry, pod: PodState) -> None:
+    """Record the node loss behind a worker already being replaced for another fault.
+
+    Worker 0's node dies; the other workers' launchers lose the rendezvous store and fail within
+    seconds, long before the node is marked NotReady: the pass that sees their failure restarts the
+    gang, and worker 0's old pod is still on its node, apparently healthy. Once the node is judged
+    lost, the loss is recorded here (an Event, the node's fault, its exclusion when due, the node-loss
+    metric) and the caller force-deletes the old pod. The budget was charged by the restart already.
+    A node fault recorded since the pod was created (a NodeLost loss, or this) is not recorded again.
+    """
+    if entry.state != EntryState.REPLACING or not entry.node_name or pod.node_name != entry.node_name:
+        return
+    problem = run.problem(pod)
+    if problem is None or pod.node_name in run.faulted_nodes or _fault_recorded_since(run, pod):
+        return
+    run.event(events.WARNING, events.NODE_LOST, f"worker pod {pod.name}: {problem.message}")
+    record_node_fault(run, pod.node_name, problem)
+    run.counters["node_losses"] += 1
+
+
+def _fault_recorded_since(run: PassState, pod: PodState) -> bool:
+    record = next((f for f in run.faults if f.node_name == pod.node_name), None)
+    last = parse_time(record.last_time) if record is not None else None
+    return last is not None and (pod.created is None or last >= pod.created)
 
 
 def record_node_fault(run: PassState, node: str, problem: NodeProblem) -> None:
@@ -163,7 +386,7 @@ def _exclude(
 ) -> None:
     why = problem.reason if problem.permanent else "RepeatOffender"
     run.excluded.append(ExcludedNodeRecord(node, why, format_time(run.now)))
-    detail = "it was deleted" if problem.permanent else f"{record.count} faults (threshold {threshold})"
+    detail = problem.message if problem.permanent else f"{record.count} faults (threshold {threshold})"
     run.event(events.WARNING, events.NODE_EXCLUDED, f"node {node} excluded for this job: {detail}")
     if run.job.policy.taint_excluded_nodes and node in run.observed.nodes:
         run.actions.append(TaintNode(node, constants.TAINT_EXCLUDED, run.job.name, "NoSchedule"))

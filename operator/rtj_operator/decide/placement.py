@@ -1,13 +1,15 @@
 """Placement and spares: drive each worker and spare entry toward a running pod on a fit node.
 
-- A `Replacing` worker: its old pod goes (once `failurePolicy.backoffSeconds` has passed since the
-  newest replacement pod was created), then a replacement is created, on a ready hot spare's node
+- A `Replacing` worker: its old pod goes (once the backoff has passed since the newest replacement
+  pod was created: `failurePolicy.backoffSeconds`, doubled per consecutive fault up to
+  `maxBackoffSeconds`), then a replacement is created, on a ready hot spare's node
   when there is one (the spare is given up, and the worker pinned there by node affinity), else
   wherever the scheduler puts it.
 - A `Creating` worker: created (pinned, if its entry names a spare's node that is still usable); a
   pod that landed on a dead node or waits for a pin that can no longer be honoured is created again.
-- A spare: created wherever it fits (off excluded nodes and nodes replacements are pinned to),
-  replaced when its node fails or the pod ends.
+- A spare: created wherever it fits (off excluded nodes and nodes replacements are pinned to, but
+  not off nodes that are merely NotReady: its affinity would outlive their recovery), replaced when
+  its node fails or the pod ends.
 
 Every pod is rendered whole by `rtj_operator.render` (a replacement's annotations included) and kept
 off the job's excluded nodes and the nodes that are not Ready.
@@ -27,6 +29,12 @@ from rtj_operator.observe import PodState
 
 
 def run_workers(run: PassState) -> None:
+    # Node losses found behind workers already being replaced are recorded before any pod is created,
+    # so every pod created in this pass is kept off a node excluded in it.
+    for index in range(run.job.nodes):
+        pod = run.pod(WORKER, index)
+        if pod is not None:
+            failures.attribute_late_node_loss(run, run.entry(WORKER, index), pod)
     for index in range(run.job.nodes):
         run_worker(run, index)
 
@@ -139,9 +147,17 @@ def create_worker(
     run.created_pods = True
 
 
+def backoff_delay(run: PassState) -> timedelta:
+    """backoffSeconds, doubled per consecutive fault after the second, capped at maxBackoffSeconds."""
+    policy = run.job.model.spec.failure_policy
+    doublings = max(run.budget.consecutive_faults - 2, 0)
+    seconds = policy.backoff_seconds * 2 ** min(doublings, 32)
+    return timedelta(seconds=min(seconds, max(policy.max_backoff_seconds, policy.backoff_seconds)))
+
+
 def backoff_until(run: PassState) -> datetime | None:
-    """Replacements are spaced by backoffSeconds from the newest pod created after a fault."""
-    backoff = run.job.policy.backoff_seconds
+    """Replacements are spaced by the backoff (`backoff_delay`) from the newest pod created after a fault."""
+    delay = backoff_delay(run)
     newest = max(
         (
             p.created
@@ -154,9 +170,9 @@ def backoff_until(run: PassState) -> datetime | None:
         ),
         default=None,
     )
-    if newest is None or backoff <= 0:
+    if newest is None or delay <= timedelta(0):
         return None
-    until = newest + timedelta(seconds=backoff)
+    until = newest + delay
     return until if until > run.now else None
 
 
@@ -223,7 +239,7 @@ def run_spare(run: PassState, index: int) -> None:
     if pod is None:
         entry.reset()
         # Keep new spares off the nodes that replacement workers are pinned to (a spare's old node).
-        excluded = sorted(set(run.excluded_names()) | pinned_nodes(run))
+        excluded = sorted(set(run.excluded_names(not_ready=False)) | pinned_nodes(run))
         manifest = render.render_spare_pod(run.job.model, index, uid=run.job.uid, excluded_nodes=excluded)
         run.actions.append(CreateObject(manifest))
         run.created_pods = True

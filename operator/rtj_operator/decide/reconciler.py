@@ -6,8 +6,9 @@ Read top to bottom, it is the operator's design (docs/architecture.md, "The oper
 2. Otherwise: resume if it was suspended, drop what is beyond the spec, detect the workers lost
    since the last pass and count them against the budget (`failures`); a job out of budget fails.
 3. Judge the spares' nodes, then drive every worker and spare toward a running pod (`placement`),
-   unless the API server refused one of the job's children for this spec (`admission`) or too few
-   nodes could ever hold a worker (`capacity`).
+   unless the job's FSx file system is not allowed for its namespace (`filesystems`), the API
+   server refused one of the job's children for this spec (`admission`) or too few nodes could
+   ever hold a worker (`capacity`).
 4. Set Ready/Recovering/Succeeded (`lifecycle`), assert the base children before any new pod, fold
    the trainers' progress reports, and write it all as the next status.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from rtj_operator.decide import admission, capacity, failures, lifecycle, placement
+from rtj_operator.decide import admission, capacity, failures, filesystems, lifecycle, placement
 from rtj_operator.decide.actions import Plan
 from rtj_operator.decide.state import WORKER, PassState
 from rtj_operator.observe import JobView, Observed
@@ -35,6 +36,7 @@ def reconcile(job: JobView, observed: Observed, now: datetime) -> Plan:
         lifecycle.keep_finished(run)
     elif job.suspend:
         lifecycle.suspend(run)
+        filesystems.hold_disallowed(run)
     else:
         _run_active(run)
     lifecycle.ensure_base(run)
@@ -51,6 +53,7 @@ def _run_active(run: PassState) -> None:
     first_start = run.start_time is None
     placement.run_workers(run)
     placement.run_spares(run)
+    filesystems.hold_disallowed(run)
     admission.hold_creates(run)
     capacity.hold_pods(run)
     admission.clear_refusal(run)
@@ -71,6 +74,7 @@ def _fold_progress(run: PassState) -> dict[str, RestartOffset]:
         "lastCheckpoint": run.last_checkpoint,
     }
     folded = fold_progress(previous, reports, run.observed.offsets)
+    run.note_reported_faults()
     run.restarts.in_process = folded.in_process_restarts
     run.restarts.in_job = folded.in_job_restarts
     run.progress = folded.progress

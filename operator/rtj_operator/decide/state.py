@@ -19,7 +19,7 @@ from rtj_operator import constants, events
 from rtj_operator.api import EntryState
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import FORCE, GRACEFUL_DELETE_SECONDS, Action, DeletePod, Event
-from rtj_operator.observe import JobView, NodeProblem, Observed, PodState, node_problem
+from rtj_operator.observe import JobView, NodeProblem, Observed, PodState, node_health_problem, node_problem
 
 WORKER, SPARE = constants.ROLE_WORKER, constants.ROLE_SPARE
 # Entry states in which the pod was seen on `nodeName`: only there can a fault be counted.
@@ -76,6 +76,7 @@ class NodeFaultRecord:
     count: int = 0
     last_reason: str | None = None
     last_time: str | None = None
+    reported: int = 0  # the most faults a trainer on the node attributed to it (progress reports)
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"nodeName": self.node_name, "count": self.count}
@@ -83,6 +84,8 @@ class NodeFaultRecord:
             out["lastReason"] = self.last_reason
         if self.last_time is not None:
             out["lastTime"] = self.last_time
+        if self.reported:
+            out["reportedFaults"] = self.reported
         return out
 
 
@@ -128,6 +131,51 @@ class Restarts:
         }
 
 
+@dataclass
+class Budget:
+    """status.budget: what the failure policy counted (see decide.failures).
+
+    A status written before the failure policy had classes has no `budget`: every replacement was
+    charged then, so `failuresUsed` starts from `podReplacement`.
+    """
+
+    failures_used: int = 0
+    disruptions: int = 0
+    ignored: int = 0
+    consecutive_faults: int = 0
+    recent: list[tuple[str, str]] = field(default_factory=list)  # (fault class, time), oldest first
+
+    @classmethod
+    def from_status(cls, raw: Mapping[str, Any] | None, restarts: Restarts) -> Budget:
+        if raw is None:
+            return cls(failures_used=restarts.pod_replacement)
+
+        def count(key: str) -> int:
+            value = raw.get(key)
+            return value if isinstance(value, int) and value >= 0 else 0
+
+        recent = [
+            (str(f.get("faultClass")), str(f.get("time")))
+            for f in _dicts(raw.get("recentFaults"))
+            if f.get("faultClass") and f.get("time")
+        ]
+        return cls(
+            count("failuresUsed"), count("disruptions"), count("ignored"), count("consecutiveFaults"), recent
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "failuresUsed": self.failures_used,
+            "disruptions": self.disruptions,
+            "ignored": self.ignored,
+            "consecutiveFaults": self.consecutive_faults,
+            "recentFaults": [{"faultClass": c, "time": t} for c, t in self.recent],
+        }
+
+    def is_empty(self) -> bool:
+        return self == Budget()
+
+
 def _dicts(value: object) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
@@ -146,6 +194,7 @@ class PassState:
     # The status, as typed records.
     conditions: list[dict[str, Any]]
     restarts: Restarts
+    budget: Budget
     excluded: list[ExcludedNodeRecord]
     faults: list[NodeFaultRecord]
     entries: dict[EntryKey, Entry]
@@ -187,12 +236,14 @@ class PassState:
                 stray.append(pod)
             else:
                 pods[(pod.role, pod.index)] = pod
+        restarts = Restarts.from_status(old.get("restarts") or {})
         return cls(
             job=job,
             observed=observed,
             now=now,
             conditions=_dicts(old.get("conditions")),
-            restarts=Restarts.from_status(old.get("restarts") or {}),
+            restarts=restarts,
+            budget=Budget.from_status(_dict_or_none(old.get("budget")), restarts),
             excluded=[
                 ExcludedNodeRecord(str(e.get("nodeName") or ""), e.get("reason"), e.get("time"))
                 for e in _dicts(old.get("excludedNodes"))
@@ -203,6 +254,7 @@ class PassState:
                     int(f.get("count") or 0),
                     f.get("lastReason"),
                     f.get("lastTime"),
+                    f["reportedFaults"] if isinstance(f.get("reportedFaults"), int) else 0,
                 )
                 for f in _dicts(old.get("nodeFaults"))
             ],
@@ -245,17 +297,42 @@ class PassState:
             pod.tolerations,
             self.now,
             self.job.policy.node_loss_grace_seconds,
+            health=self.observed.health,
+            pod=pod,
         )
         if recheck is not None:
             self.at(recheck)
         return found
 
-    def excluded_names(self) -> list[str]:
+    def excluded_names(self, *, not_ready: bool = True) -> list[str]:
+        """The job's excluded nodes and, unless `not_ready` is False, the nodes not Ready right now.
+
+        A worker is kept off NotReady nodes too: a replacement must not land on the node that was
+        just lost while it flaps. A spare is not: it waits in Pending for a node, and a required
+        affinity does not change once the pod exists, so a NotReady node named in it would stay
+        barred after it recovered (the scheduler already avoids NotReady nodes by their taints).
+        """
         names = {e.node_name for e in self.excluded if e.node_name}
-        # Nodes that are not Ready right now are avoided too: a replacement must not land on the node
-        # that was just lost while it flaps.
-        names |= {n.name for n in self.observed.nodes.values() if n.ready != "True"}
+        if not_ready:
+            names |= {n.name for n in self.observed.nodes.values() if n.ready != "True"}
+            # So are nodes that show a health signal now (a condition, label, taint, cordon): like
+            # NotReady, a passing state that must not bar a waiting spare once it clears.
+            health = self.observed.health
+            names |= {n.name for n in self.observed.nodes.values() if node_health_problem(n, health)}
         return sorted(names)
+
+    def note_reported_faults(self) -> None:
+        """Keep, per node, the most faults a worker's trainer attributed to it (status.nodeFaults[]
+        .reportedFaults): the trainer counts across its restarts on one node, so the count only grows."""
+        for pod in self.pods.values():
+            faults = pod.report.node_faults if pod.report is not None else None
+            if faults is None or not faults.count or faults.node != pod.node_name:
+                continue
+            record = next((f for f in self.faults if f.node_name == pod.node_name), None)
+            if record is None:
+                record = NodeFaultRecord(pod.node_name)
+                self.faults.append(record)
+            record.reported = max(record.reported, faults.count)
 
     def entry(self, role: str, index: int) -> Entry:
         key = (role, index)
@@ -325,6 +402,8 @@ class PassState:
             "excludedNodes": [e.to_status() for e in self.excluded],
             "nodeFaults": [f.to_status() for f in self.faults],
         }
+        if not self.budget.is_empty():
+            status["budget"] = self.budget.to_status()
         for key, value in (
             ("startTime", self.start_time),
             ("completionTime", self.completion_time),

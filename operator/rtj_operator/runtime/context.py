@@ -16,6 +16,8 @@ from typing import Any
 import kopf
 
 from rtj_operator import events
+from rtj_operator.fsx_policy import FsxAllowList
+from rtj_operator.nodehealth import NodeHealth
 from rtj_operator.runtime.kube import Kube
 from rtj_operator.runtime.leader import LeaderElector
 from rtj_operator.runtime.queue import JobKey, WorkQueue
@@ -32,6 +34,10 @@ class OperatorContext:
     elector: LeaderElector | None = None
     # kopf's watch settings (see handlers.configure): how long a silent watch is trusted.
     watch_inactivity_seconds: float = 15.0
+    # Which signals beyond Ready make a worker's node unfit (the operator's --node-health setting).
+    node_health: NodeHealth = field(default_factory=NodeHealth)
+    # The FSx file systems each namespace's jobs may mount (`--allow-fsx`; empty: none).
+    fsx_allowed: FsxAllowList = field(default_factory=FsxAllowList)
     queue: WorkQueue = field(init=False)
     # Filled by kopf (see handlers.remember_indexes).
     jobs: kopf.Index[JobKey, dict[str, Any]] | None = None

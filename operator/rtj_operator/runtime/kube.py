@@ -3,7 +3,9 @@
 `runtime.passes` calls this module to read a job and its pods fresh, to write status and to apply
 the decisions' actions (`rtj_operator.decide`); kopf makes the watch calls (and its finalizer and
 annotation patches) itself. The Helm chart's ClusterRole must grant exactly `REQUIRED_PERMISSIONS`
-(a chart test compares them), so any new call added here must add its (group, resource, verb) there.
+(a chart test compares them, and another runs the operator under them with the API server's audit
+log on: every rule but `DELEGATED_TO_TRAINER` must be used), so any new call added here must add its
+(group, resource, verb) there.
 
 Synchronous on purpose: the official client is synchronous; `runtime` runs these calls in worker
 threads. Creates treat 409 AlreadyExists as success and deletes treat 404 NotFound as success, which
@@ -48,8 +50,19 @@ logger = logging.getLogger(__name__)
 RBAC_GROUP: Final = "rbac.authorization.k8s.io"
 COORDINATION_GROUP: Final = "coordination.k8s.io"
 
-# (group, resource, verb) for everything the operator does, its own calls and kopf's.
-REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
+# (group, resource, verb) held only because the trainer's Role grants them (`render.render_rbac`):
+# RBAC lets a subject create a Role only with permissions it holds itself (escalation prevention),
+# and the operator has no `escalate`. The operator never calls them; a chart test keeps this set
+# equal to the trainer Role's rules, and the RBAC audit test exempts exactly these.
+DELEGATED_TO_TRAINER: Final[frozenset[tuple[str, str, str]]] = frozenset(
+    {
+        ("", "pods", "get"),
+        ("", "pods", "patch"),
+    }
+)
+
+# (group, resource, verb) for every call the operator makes, its own and kopf's.
+OPERATOR_CALLS: Final[frozenset[tuple[str, str, str]]] = frozenset(
     {
         # Jobs: kopf watches them (list, watch), adds/removes its finalizer and annotations (patch);
         # the operator reads one fresh before acting (get), deletes it after its TTL (delete).
@@ -59,21 +72,18 @@ REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
         (constants.GROUP, constants.PLURAL, "patch"),
         (constants.GROUP, constants.PLURAL, "delete"),
         (constants.GROUP, f"{constants.PLURAL}/status", "patch"),
-        # Pods: indexed and watched by kopf, listed fresh, created and deleted. get and patch are not
-        # called, but the trainer Role the operator creates grants them, and RBAC only lets a
-        # subject create a Role granting what it holds itself (no `escalate`).
+        # Pods: indexed and watched by kopf, listed fresh, created and deleted.
         ("", "pods", "list"),
         ("", "pods", "watch"),
         ("", "pods", "create"),
         ("", "pods", "delete"),
-        ("", "pods", "get"),
-        ("", "pods", "patch"),
-        # Nodes: indexed and watched; tainted (opt-in taintExcludedNodes) with a read-modify-write.
+        # Nodes: indexed and watched; read when a pod names a node the index does not know yet, and
+        # tainted (opt-in taintExcludedNodes) with a read-modify-write.
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
-        # The job's other children.
+        # The job's other children. PersistentVolumes only for allowed FSx file systems (opt-in).
         ("", "services", "create"),
         ("", "serviceaccounts", "create"),
         ("", "persistentvolumeclaims", "create"),
@@ -88,6 +98,8 @@ REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
     }
 )
 
+# Everything the operator's identity must be granted (the chart's rules, exactly).
+REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = OPERATOR_CALLS | DELEGATED_TO_TRAINER
 # (group, resource, verb) for leader election, granted only in the operator's own namespace (a Role
 # of the chart): the replicas read, create and renew one Lease there (`runtime.leader`).
 LEADER_ELECTION_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(

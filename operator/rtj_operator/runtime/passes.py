@@ -33,8 +33,9 @@ from typing import Any, cast
 
 import kopf
 
-from rtj_operator import constants, decide, events, metrics, observe
+from rtj_operator import constants, decide, events, metrics, nodehealth, observe
 from rtj_operator.decide import milestones
+from rtj_operator.fsx_policy import FsxAllowList
 from rtj_operator.runtime import kube
 from rtj_operator.runtime.context import OperatorContext
 from rtj_operator.runtime.queue import DEBOUNCE_SECONDS, JobKey, JobRunner, WorkQueue
@@ -58,9 +59,20 @@ def ensure_acting(ctx: OperatorContext) -> None:
         raise NotLeadingError("not the leader: nothing written")
 
 
-def new_context(client: kube.Kube, *, metrics_port: int | None = None) -> OperatorContext:
+def new_context(
+    client: kube.Kube,
+    *,
+    metrics_port: int | None = None,
+    node_health: nodehealth.NodeHealth | None = None,
+    fsx_allowed: FsxAllowList | None = None,
+) -> OperatorContext:
     """An operator's state, its work queue running `run_pass`."""
-    ctx = OperatorContext(kube=client, metrics_port=metrics_port)
+    ctx = OperatorContext(
+        kube=client,
+        metrics_port=metrics_port,
+        node_health=node_health or nodehealth.NodeHealth(),
+        fsx_allowed=fsx_allowed or FsxAllowList(),
+    )
     ctx.queue = WorkQueue(functools.partial(run_pass, ctx))
     return ctx
 
@@ -196,6 +208,8 @@ async def _decide(
         ensure_base=ensure_base,
         offsets=runner.offsets,
         refused_at=runner.refused_at,
+        health=ctx.node_health,
+        fsx_allowed=ctx.fsx_allowed,
     )
     plan = decide.reconcile(view, observed, _now())
     if not plan.actions and not plan.status_changed:
@@ -220,7 +234,13 @@ async def _decide_fresh(
     pods = await asyncio.to_thread(ctx.kube.list_pods, *key)
     nodes = await _nodes_confirmed(ctx, pods, view.status)
     observed = observe.observe(
-        pods, nodes, ensure_base=ensure_base, offsets=runner.offsets, refused_at=runner.refused_at
+        pods,
+        nodes,
+        ensure_base=ensure_base,
+        offsets=runner.offsets,
+        refused_at=runner.refused_at,
+        health=ctx.node_health,
+        fsx_allowed=ctx.fsx_allowed,
     )
     plan = decide.reconcile(view, observed, _now())
     if foreign:
