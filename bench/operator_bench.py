@@ -5,7 +5,7 @@
 Starts the embedded local cluster in this process and the operator as a separate process
 (`rtj operator`, so that its memory is its own), then measures:
 
-- time from apply to all children created (Service, PVC, ServiceAccount, Role, RoleBinding and
+- time from apply to all children created (Service, PVC, ServiceAccount and
   every worker pod) for one 1-, 16- and 64-node job, and p50/p99 over 100 concurrent 8-node jobs;
 - API writes per job: the operator's own (its `rtj_api_writes_total` metric) plus every write to the
   job object (kopf's finalizer and annotations, status patches), counted from a watch;
@@ -43,7 +43,7 @@ from rtj_operator.runtime.kube import Kube
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "default"
-CHILD_KINDS = ("Service", "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding")
+CHILD_KINDS = ("Service", "PersistentVolumeClaim", "ServiceAccount")
 
 
 def job(name: str, nodes: int) -> dict[str, Any]:
@@ -106,13 +106,6 @@ def children_done(kube: Kube, name: str, nodes: int) -> bool:
     ]:
         try:
             kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/{kind}/{child}")
-        except Exception:
-            return False
-    for kind in ("roles", "rolebindings"):
-        try:
-            kube.request(
-                "GET", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/{kind}/{name}-trainer"
-            )
         except Exception:
             return False
     return True

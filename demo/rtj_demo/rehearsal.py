@@ -176,12 +176,12 @@ def build_job(example: Mapping[str, Any], settings: JobSettings, *, rendezvous_p
     # step, which the timeline needs. Its path is relative to the working directory, set to the
     # checkpoint mount: the kubelet rewrites a workingDir under a mount path to the volume's real
     # directory, but not a `file:` value, so this is how the file lands where the demo can read it.
-    # The pod annotation, which the operator folds into the job's status, stays throttled on its own.
+    # The progress endpoint, which the operator reads into the job's status, gets every step too.
     spec["workingDir"] = mount
     env = [e for e in spec.get("env") or [] if e.get("name") not in _OWN_ENV]
     env += [
         {"name": "RTJ_FAULTS", "value": rtj_faults(settings.plan)},
-        {"name": "RTJ_PROGRESS_SINK", "value": f"pod-annotation@2,file:{settings.name}/{PROGRESS_FILE}"},
+        {"name": "RTJ_PROGRESS_SINK", "value": f"endpoint,file:{settings.name}/{PROGRESS_FILE}"},
         {"name": "RTJ_PROGRESS_INTERVAL_SECONDS", "value": "0"},
     ]
     env += [{"name": k, "value": v} for k, v in settings.extra_env.items()]

@@ -29,12 +29,16 @@ ROLE_WORKER: Final = "worker"
 ROLE_SPARE: Final = "spare"
 
 # Annotations.
-ANNOTATION_PROGRESS: Final = f"{GROUP}/progress"  # JSON written by the trainer on its own pod
 ANNOTATION_REPLACES: Final = f"{GROUP}/replaces"  # on a replacement pod: the node it replaced
 # On every worker pod the operator creates after a fault: status.restarts.podReplacement at the decision;
 # the operator spaces replacements (failurePolicy.backoffSeconds) by the newest such pod's creation time.
 ANNOTATION_RESTART_COUNT: Final = f"{GROUP}/restart-count"
 FINALIZER: Final = f"{GROUP}/finalizer"
+
+# The port of each worker pod's progress endpoint (rtj-launch serves GET /progress and /metrics on it;
+# the operator reads progress there). Rendered as the container port `progress` and RTJ_PROGRESS_PORT.
+PROGRESS_PORT: Final = 9410
+PROGRESS_PATH: Final = "/progress"
 
 # Taint the operator puts on a node it excluded, when the job opts into cluster-wide tainting.
 TAINT_EXCLUDED: Final = f"{GROUP}/excluded"
@@ -72,6 +76,7 @@ ENV_INPROCESS_SOFT_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_SOFT_TIMEOUT_SECONDS"
 ENV_INPROCESS_HARD_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_HARD_TIMEOUT_SECONDS"
 ENV_INPROCESS_BARRIER_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_BARRIER_TIMEOUT_SECONDS"
 ENV_PROGRESS_SINK: Final = "RTJ_PROGRESS_SINK"
+ENV_PROGRESS_PORT: Final = "RTJ_PROGRESS_PORT"
 ENV_FAULTS: Final = "RTJ_FAULTS"
 ENV_CONTRACT: Final = (
     ENV_JOB_NAME,
@@ -101,5 +106,6 @@ ENV_CONTRACT: Final = (
     ENV_INPROCESS_HARD_TIMEOUT_SECONDS,
     ENV_INPROCESS_BARRIER_TIMEOUT_SECONDS,
     ENV_PROGRESS_SINK,
+    ENV_PROGRESS_PORT,
     ENV_FAULTS,
 )

@@ -1,9 +1,10 @@
 """Prometheus metrics of the operator (prometheus-client), exported on `--metrics-port`.
 
-`runtime.passes` updates them after each reconcile pass from the plan's counters and the job's state; the
-HTTP exporter is started from kopf's on.startup handler. Names follow the project's habits: `rtj_`
-prefix, base units, `_total` on counters, and no unbounded labels: the only per-job series
-(`rtj_job_goodput_ratio`) is removed when its job is deleted.
+`runtime.passes` updates them after each reconcile pass from the plan's counters and the job's status;
+`runtime.scrape` counts its reads of the trainers' progress endpoints; the HTTP exporter is started
+from kopf's on.startup handler. Names follow the project's habits: `rtj_` prefix, base units, `_total`
+on counters, and no unbounded labels: the per-job series (`rtj_job_*`, labelled `namespace` and `job`)
+come from one snapshot per served job (`JobSeries`), which is dropped when the job is deleted.
 
 The collectors are process-wide (prometheus-client registers them once); an operator restarted in
 the same process (the tests do that) keeps counting into them.
@@ -12,9 +13,13 @@ the same process (the tests do that) keeps counting into them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 
 import prometheus_client
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from rtj_operator.api import JobState
 
@@ -32,20 +37,136 @@ GANG_RESTARTS = prometheus_client.Counter("rtj_gang_restarts_total", "Restarts o
 RESTARTS = prometheus_client.Counter(
     "rtj_restarts_total", "Recoveries by layer: in_process, in_job, pod_replacement.", ["layer"]
 )
-JOB_GOODPUT = prometheus_client.Gauge(
-    "rtj_job_goodput_ratio",
-    "Training goodput of a job (useful step time / wall time), 0-1.",
-    ["namespace", "job"],
-)
 JOBS = prometheus_client.Gauge("rtj_jobs", "Jobs served, by state.", ["state"])
 WRITES = prometheus_client.Counter(
     "rtj_api_writes_total", "API writes made by the operator's own code.", ["verb"]
+)
+PROGRESS_SCRAPES = prometheus_client.Counter(
+    "rtj_progress_scrapes_total",
+    "Reads of the trainers' progress endpoints, by result: "
+    "ok, no_report, invalid, too_large, timeout, error.",
+    ["result"],
+)
+PROGRESS_SCRAPE_DURATION = prometheus_client.Histogram(
+    "rtj_progress_scrape_duration_seconds",
+    "Time of one read of a trainer's progress endpoint.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 
 _LAYERS = {"inProcess": "in_process", "inJob": "in_job", "podReplacement": "pod_replacement"}
 _lock = threading.Lock()
 _server_started: set[int] = set()
 _states: dict[tuple[str, str], str] = {}
+
+
+@dataclass(frozen=True)
+class JobSeries:
+    """What one job's status says, as its per-job series show it (None: no sample)."""
+
+    goodput_ratio: float | None = None
+    step: float | None = None
+    step_seconds: float | None = None
+    progress_time: float | None = None
+    checkpoint_step: float | None = None
+    checkpoint_time: float | None = None
+    workers_ready: float | None = None
+    workers_desired: float | None = None
+    restarts: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, object], goodput_percent: float | None) -> JobSeries:
+        progress, checkpoint, workers, restarts = (
+            _dict(status.get(k)) for k in ("progress", "lastCheckpoint", "workers", "restarts")
+        )
+        return cls(
+            goodput_ratio=goodput_percent / 100.0 if goodput_percent is not None else None,
+            step=_number(progress.get("step")),
+            step_seconds=_number(progress.get("stepTimeSeconds")),
+            progress_time=_epoch(progress.get("updateTime")),
+            checkpoint_step=_number(checkpoint.get("step")),
+            checkpoint_time=_epoch(checkpoint.get("time")),
+            workers_ready=_number(workers.get("ready")),
+            workers_desired=_number(workers.get("desired")),
+            restarts=tuple(
+                (layer, value)
+                for key, layer in _LAYERS.items()
+                if (value := _number(restarts.get(key))) is not None
+            ),
+        )
+
+
+def _dict(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _epoch(value: object) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+# (name, help, JobSeries field) of each per-job gauge.
+_JOB_GAUGES = (
+    (
+        "rtj_job_goodput_ratio",
+        "Training goodput of a job (useful step time / wall time), 0-1.",
+        "goodput_ratio",
+    ),
+    ("rtj_job_step", "The highest training step any worker of the job reported.", "step"),
+    (
+        "rtj_job_step_duration_seconds",
+        "Duration of a step, as the most advanced worker reported.",
+        "step_seconds",
+    ),
+    (
+        "rtj_job_progress_timestamp_seconds",
+        "When the job's newest progress report was made (Unix time).",
+        "progress_time",
+    ),
+    ("rtj_job_checkpoint_last_step", "Step of the job's newest committed checkpoint.", "checkpoint_step"),
+    (
+        "rtj_job_checkpoint_last_timestamp_seconds",
+        "When the job's newest checkpoint was committed (Unix time).",
+        "checkpoint_time",
+    ),
+    ("rtj_job_workers_ready", "Ready worker pods of the job.", "workers_ready"),
+    ("rtj_job_workers_desired", "Worker pods the job asks for (spec.nodes).", "workers_desired"),
+)
+_jobs: dict[tuple[str, str], JobSeries] = {}
+
+
+class _JobCollector(Collector):
+    """The per-job series, from the snapshot each pass leaves (`observe_pass`)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        with _lock:
+            jobs = sorted(_jobs.items())
+        for name, text, attribute in _JOB_GAUGES:
+            family = GaugeMetricFamily(name, text, labels=["namespace", "job"])
+            for (namespace, job), series in jobs:
+                value = getattr(series, attribute)
+                if value is not None:
+                    family.add_metric([namespace, job], value)
+            yield family
+        restarts = CounterMetricFamily(
+            "rtj_job_restarts",
+            "Recoveries of a job by layer, as its status counts them.",
+            labels=["namespace", "job", "layer"],
+        )
+        for (namespace, job), series in jobs:
+            for layer, value in series.restarts:
+                restarts.add_metric([namespace, job, layer], value)
+        yield restarts
+
+
+prometheus_client.REGISTRY.register(_JobCollector())
 
 
 def start_server(port: int) -> bool:
@@ -67,8 +188,10 @@ def observe_pass(  # noqa: PLR0913 - keyword-only, each a named field; callers p
     old_restarts: Mapping[str, object],
     new_restarts: Mapping[str, object],
     goodput_percent: float | None,
+    status: Mapping[str, object] | None = None,
 ) -> None:
-    """Record one pass's effects: counters from the plan, restart deltas from status, gauges."""
+    """Record one pass's effects: counters from the plan, restart deltas from status, gauges, and
+    the job's series from its new `status`."""
     NODE_LOSSES.inc(counters.get("node_losses", 0))
     POD_REPLACEMENTS.inc(counters.get("pod_replacements", 0))
     GANG_RESTARTS.inc(counters.get("gang_restarts", 0))
@@ -78,8 +201,8 @@ def observe_pass(  # noqa: PLR0913 - keyword-only, each a named field; callers p
             RESTARTS.labels(layer=layer).inc(after - before)
         elif before is None and isinstance(after, int) and after > 0:
             RESTARTS.labels(layer=layer).inc(after)
-    if goodput_percent is not None:
-        JOB_GOODPUT.labels(namespace=namespace, job=job).set(goodput_percent / 100.0)
+    with _lock:
+        _jobs[(namespace, job)] = JobSeries.from_status(status or {}, goodput_percent)
     if state is not None:
         with _lock:
             _states[(namespace, job)] = state
@@ -88,11 +211,8 @@ def observe_pass(  # noqa: PLR0913 - keyword-only, each a named field; callers p
 
 def forget_job(namespace: str, job: str) -> None:
     """A deleted job leaves no series behind."""
-    try:
-        JOB_GOODPUT.remove(namespace, job)
-    except KeyError:
-        pass
     with _lock:
+        _jobs.pop((namespace, job), None)
         _states.pop((namespace, job), None)
         _refresh_states()
 

@@ -16,6 +16,8 @@ from rtj_operator import constants
 CONTAINER_NAME: Final = "trainer"
 # The rendezvous port's name, on the container and on the Service.
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
+# The progress endpoint's port name on the container (the operator and a PodMonitor find it by it).
+PROGRESS_PORT_NAME: Final = "progress"
 
 
 def service_name(job: str) -> str:
@@ -49,7 +51,7 @@ def pv_name(job: str, namespace: str) -> str:
 
 
 def trainer_name(job: str) -> str:
-    """`J-trainer`: the ServiceAccount, Role and RoleBinding of the job's pods."""
+    """`J-trainer`: the ServiceAccount of the job's pods (bound to no Role)."""
     return f"{job}-trainer"
 
 

@@ -27,7 +27,7 @@ from rtj_operator.nodehealth import (
     SIGNAL_TRAINER_REPORTED,
     NodeHealth,
 )
-from rtj_operator.progress import ProgressReport, RestartOffset, parse_report, parse_time
+from rtj_operator.progress import ProgressReport, RestartOffset, parse_time
 
 # The taints the node lifecycle controller puts on NotReady / Unknown nodes: they mirror the Ready
 # condition, so they are judged with the same grace period rather than at once.
@@ -214,8 +214,11 @@ def _whole_requests(spec: Mapping[str, Any]) -> dict[str, int]:
     return total
 
 
-def observe_pod(body: Mapping[str, Any]) -> PodState | None:
-    """A pod of a job (worker or spare), or None for a pod that is not one of the job's workers/spares."""
+def observe_pod(body: Mapping[str, Any], report: ProgressReport | None = None) -> PodState | None:
+    """A pod of a job (worker or spare), or None for a pod that is not one of the job's workers/spares.
+
+    `report` is the pod's newest progress report, read from its progress endpoint
+    (`runtime.scrape`), if any."""
     metadata, spec, status = (
         _mapping(body.get("metadata")),
         _mapping(body.get("spec")),
@@ -274,7 +277,7 @@ def observe_pod(body: Mapping[str, Any]) -> PodState | None:
         created=parse_time(metadata.get("creationTimestamp")),
         restart_count_annotation=int(restart_count) if restart_count.isdigit() else None,
         tolerations=tolerations,
-        report=parse_report(_str(annotations.get(constants.ANNOTATION_PROGRESS)) or None),
+        report=report,
         requests=_whole_requests(spec),
         exit_code=exit_code,
         fault_reason=fault_reason,
@@ -340,8 +343,17 @@ def observe(  # noqa: PLR0913 - keyword-only after the two observations, each a 
     refused_at: datetime | None = None,
     health: NodeHealth | None = None,
     fsx_allowed: FsxAllowList | None = None,
+    reports: Mapping[str, ProgressReport] | None = None,
 ) -> Observed:
-    pod_states = tuple(p for p in (observe_pod(body) for body in pods) if p is not None)
+    """What the operator sees of one job; `reports` are the pods' progress reports by pod uid."""
+    known = reports or {}
+    pod_states = tuple(
+        p
+        for p in (
+            observe_pod(body, known.get(_str(_mapping(body.get("metadata")).get("uid")))) for body in pods
+        )
+        if p is not None
+    )
     node_states = {n.name: n for n in (observe_node(body) for body in nodes) if n.name}
     return Observed(
         pods=pod_states,

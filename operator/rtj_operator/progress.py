@@ -1,9 +1,10 @@
 """Fold the trainer's progress reports into the job's status; the goodput arithmetic.
 
-The trainer's local rank 0 on each worker pod writes the JSON annotation `resilient.training/progress`
-on its own pod (the progress contract in docs/architecture.md). `observe` parses each pod's annotation
-with `parse_report`; `decide.reconcile` calls `fold_progress` to turn the reports of the current pods into
-`status.progress`, `status.lastCheckpoint` and the in-process / in-job restart counters.
+The trainer on each worker pod serves its newest JSON progress report on the pod's progress endpoint
+(the progress contract in docs/architecture.md). `runtime.scrape` reads it and parses it with
+`parse_report`; `observe` hands each pod its report; `decide.reconcile` calls `fold_progress` to turn the
+reports of the current pods into `status.progress`, `status.lastCheckpoint` and the in-process / in-job
+restart counters.
 
 Everything here is pure: same inputs, same outputs; time is passed in.
 """
@@ -52,7 +53,7 @@ class NodeFaultReport:
 
 @dataclass(frozen=True)
 class ProgressReport:
-    """One pod's progress annotation, validated field by field (a bad field reads as absent)."""
+    """One pod's progress report, validated field by field (a bad field reads as absent)."""
 
     time: datetime | None
     node_rank: int | None
@@ -93,9 +94,9 @@ def parse_node_faults(value: object) -> NodeFaultReport | None:
 
 
 def parse_report(text: str | None) -> ProgressReport | None:
-    """Parse a progress annotation; None when there is none or it is not a JSON object of version 1.
+    """Parse a progress report; None when there is none or it is not a JSON object of version 1.
 
-    The annotation is written by a program in the user's image, so nothing in it is trusted: a
+    The report is written by a program in the user's image, so nothing in it is trusted: a
     malformed report must never stop the job's reconciliation.
     """
     if not text:

@@ -37,8 +37,8 @@ __all__ = [
     "checkpoint_claim_name",
     "render",
     "render_base",
-    "render_rbac",
     "render_service",
+    "render_service_account",
     "render_spare_pod",
     "render_storage",
     "render_worker_pod",
@@ -52,7 +52,7 @@ NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreacha
 # The AWS EFA/NCCL settings (awsome-distributed-ai NVRx sample); only meaningful with EFA adapters/GPUs.
 EFA_ENV = (("FI_PROVIDER", "efa"), ("FI_EFA_USE_DEVICE_RDMA", "1"), ("RDMAV_FORK_SAFE", "1"))
 NCCL_ENV = (("NCCL_SOCKET_IFNAME", "^docker,lo,veth"), ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"))
-PROGRESS_SINK_DEFAULT = "pod-annotation"
+PROGRESS_SINK_DEFAULT = "endpoint"
 # The root filesystem of a trainer container is read-only; these are where it may write, each a
 # subdirectory of one disk-backed emptyDir: ft_launcher's IPC sockets, torch.compile/inductor caches
 # and Python's temporary files go to /tmp; Triton's cache (~/.triton), CUDA's JIT cache (~/.nv) and
@@ -158,6 +158,7 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int | None) -
         (c.ENV_INPROCESS_HARD_TIMEOUT_SECONDS, str(ip.hard_timeout_seconds)),
         (c.ENV_INPROCESS_BARRIER_TIMEOUT_SECONDS, str(ip.barrier_timeout_seconds)),
         (c.ENV_PROGRESS_SINK, PROGRESS_SINK_DEFAULT),
+        (c.ENV_PROGRESS_PORT, str(c.PROGRESS_PORT)),
     ]
     sizing = resolve_sizing(spec.instance_type, spec.resources)
     if sizing.efa_adapters > 0:
@@ -341,7 +342,8 @@ def _container(job: ResilientTrainingJob, uid: str, role: str, index: int) -> di
         container["workingDir"] = spec.working_dir
     container["env"] = _env(job, uid, role=role, index=index if role == constants.ROLE_WORKER else None)
     container["ports"] = [
-        {"name": names.RENDEZVOUS_PORT_NAME, "containerPort": spec.rendezvous.port, "protocol": "TCP"}
+        {"name": names.RENDEZVOUS_PORT_NAME, "containerPort": spec.rendezvous.port, "protocol": "TCP"},
+        {"name": names.PROGRESS_PORT_NAME, "containerPort": constants.PROGRESS_PORT, "protocol": "TCP"},
     ]
     container["resources"] = _resources(job)
     container["securityContext"] = _container_security_context(job)
@@ -357,6 +359,8 @@ def _pod(job: ResilientTrainingJob, uid: str, role: str, index: int, placement: 
         "subdomain": names.service_name(job.name),
         "restartPolicy": "Never",
         "serviceAccountName": names.trainer_name(job.name),
+        # The trainer calls no Kubernetes API (progress goes out through its endpoint): no token.
+        "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
     }
@@ -491,50 +495,38 @@ def render_storage(job: ResilientTrainingJob, *, uid: str | None = None) -> list
     return objects
 
 
-def render_rbac(job: ResilientTrainingJob, *, uid: str | None = None) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding: each pod may read and patch its own job's pods only.
-
-    Pod names are stable (replacements reuse them), so the Role lists them by resourceNames.
-    """
+def render_service_account(job: ResilientTrainingJob, *, uid: str | None = None) -> list[dict[str, Any]]:
+    """The job's own ServiceAccount, bound to no Role and without a token mounted: the trainer calls
+    no Kubernetes API, and a compromised worker must not be able to change any pod (its own
+    sibling's image, say). An account of its own, rather than the namespace's `default`, keeps
+    whatever a cluster grants `default` away from the trainer, and gives IRSA or Pod Identity a
+    place to attach cloud credentials."""
     owner = _job_uid(job, uid)
     name = names.trainer_name(job.name)
-    pod_names = [names.worker_pod_name(job.name, i) for i in range(job.spec.nodes)]
-    pod_names += [names.spare_pod_name(job.name, k) for k in range(job.spec.hot_spares)]
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(job, name, owner)},
         {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
             "metadata": _metadata(job, name, owner),
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["pods"],
-                    "resourceNames": pod_names,
-                    "verbs": ["get", "patch"],
-                }
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": _metadata(job, name, owner),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
-        },
+            "automountServiceAccountToken": False,
+        }
     ]
 
 
 def render_base(job: ResilientTrainingJob, *, uid: str | None = None) -> list[dict[str, Any]]:
-    """The children other than pods, in creation order: RBAC, storage, Service."""
+    """The children other than pods, in creation order: ServiceAccount, storage, Service."""
     owner = _job_uid(job, uid)
-    return [*render_rbac(job, uid=owner), *render_storage(job, uid=owner), render_service(job, uid=owner)]
+    return [
+        *render_service_account(job, uid=owner),
+        *render_storage(job, uid=owner),
+        render_service(job, uid=owner),
+    ]
 
 
 def render(
     job: ResilientTrainingJob, *, uid: str | None = None, excluded_nodes: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
-    """Every child of the job, in creation order: RBAC, storage, Service, workers, spares.
+    """Every child of the job, in creation order: ServiceAccount, storage, Service, workers, spares.
 
     ``uid`` defaults to ``job.metadata.uid`` (owner references and the rendezvous id need one);
     ``excluded_nodes`` are kept out of every pod's node affinity. Suspended jobs still render their

@@ -31,7 +31,7 @@ def test_example_passes_parse_job(path: Path) -> None:
 def test_every_rendered_manifest_is_valid_kubernetes_1_32(path: Path) -> None:
     job = api.parse_job(load_example(path))
     objects = render.render(job, uid=UID, excluded_nodes=["ip-10-0-0-1.ec2.internal"])
-    assert len(objects) >= 5 + job.spec.nodes + job.spec.hot_spares - 1
+    assert len(objects) >= 3 + job.spec.nodes + job.spec.hot_spares - 1
     # What the operator creates after a fault: a replacement pinned to a spare's node.
     objects.append(render.render_worker_pod(job, 0, uid=UID, excluded_nodes=["n-1"], node_name="n-2"))
     for obj in objects:

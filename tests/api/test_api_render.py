@@ -6,7 +6,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from rtj_operator import api, constants, profiles, render
+from rtj_operator import api, constants, names, profiles, render
 from rtj_trainer import env as trainer_env
 
 UID = "7d0c1d3e-2b8f-4a47-9b59-0b6f1d0c2e5a"
@@ -45,8 +45,6 @@ def test_children_in_creation_order() -> None:
     objects = render.render(job(hotSpares=2))
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
         ("ServiceAccount", "llm-trainer"),
-        ("Role", "llm-trainer"),
-        ("RoleBinding", "llm-trainer"),
         ("PersistentVolume", "llm-checkpoints-ml"),
         ("PersistentVolumeClaim", "llm-checkpoints"),
         ("Service", "llm"),
@@ -134,18 +132,23 @@ def test_headless_service_publishes_not_ready_workers() -> None:
     assert service["spec"]["selector"] == {constants.LABEL_JOB: "llm", constants.LABEL_ROLE: "worker"}
 
 
-def test_role_is_limited_to_get_and_patch_of_the_jobs_own_pods() -> None:
-    role = by_kind_name(render.render(job(hotSpares=1)))[("Role", "llm-trainer")]
-    assert role["rules"] == [
-        {
-            "apiGroups": [""],
-            "resources": ["pods"],
-            "resourceNames": ["llm-worker-0", "llm-worker-1", "llm-worker-2", "llm-spare-0"],
-            "verbs": ["get", "patch"],
-        }
-    ]
-    binding = by_kind_name(render.render(job()))[("RoleBinding", "llm-trainer")]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-trainer", "namespace": "ml"}]
+def test_trainer_account_has_no_role_and_no_token() -> None:
+    objects = render.render(job(hotSpares=1))
+    assert [o["kind"] for o in objects if "Role" in o["kind"]] == []
+    account = by_kind_name(objects)[("ServiceAccount", "llm-trainer")]
+    assert account["automountServiceAccountToken"] is False
+    for pod in (o for o in objects if o["kind"] == "Pod"):
+        assert pod["spec"]["serviceAccountName"] == "llm-trainer"
+        assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_workers_serve_progress_on_the_named_port() -> None:
+    pod = render.render_worker_pod(job(), 0)
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports[names.PROGRESS_PORT_NAME] == constants.PROGRESS_PORT
+    assert env_of(pod)[constants.ENV_PROGRESS_PORT] == str(constants.PROGRESS_PORT)
+    assert env_of(pod)[constants.ENV_PROGRESS_SINK] == "endpoint"
 
 
 def test_worker_pod_on_p5() -> None:

@@ -24,6 +24,7 @@ from chart_support import (
     render,
     value_sets,
 )
+from rtj_operator import names
 from rtj_operator.nodehealth import NodeHealth
 
 STANDARD_LABELS = (
@@ -182,6 +183,40 @@ def test_namespaced_example_grants_per_namespace_roles_and_watches_only_those() 
     )
     policy = one(objects, "NetworkPolicy")
     assert policy["spec"]["ingress"][0]["from"] == values["networkPolicy"]["metricsFrom"]
+    trainers = one(objects, "PodMonitor")
+    assert trainers["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert trainers["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    (endpoint,) = trainers["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == (names.PROGRESS_PORT_NAME, "/metrics")
+    # It selects exactly the pods the operator renders as workers.
+    worker = render_job_worker()
+    assert trainers["spec"]["selector"]["matchLabels"].items() <= worker["metadata"]["labels"].items()
+    assert endpoint["port"] in {p["name"] for p in worker["spec"]["containers"][0]["ports"]}
+
+
+def render_job_worker() -> dict[str, Any]:
+    from rtj_operator import api
+    from rtj_operator import render as renderer
+
+    job = api.ResilientTrainingJob.model_validate(
+        {
+            "apiVersion": "resilient.training/v1alpha1",
+            "kind": "ResilientTrainingJob",
+            "metadata": {"name": "demo", "namespace": "team-a", "uid": "0000-1111"},
+            "spec": {
+                "image": "trainer:1",
+                "nodes": 1,
+                "instanceType": "cpu",
+                "checkpoint": {"storage": {"existingClaim": {"claimName": "ckpt"}}},
+            },
+        }
+    )
+    return renderer.render_worker_pod(job, 0)
+
+
+def test_no_pod_monitor_by_default() -> None:
+    objects = render(None)
+    assert objects_of(objects, "PodMonitor") == [] and objects_of(objects, "ServiceMonitor") == []
 
 
 def test_minimal_example_has_no_metrics_objects_and_uses_the_named_service_account() -> None:

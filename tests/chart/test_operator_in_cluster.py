@@ -1,7 +1,9 @@
 """The chart's operator as users run it: `helm install` into the local cluster's real control plane
 makes a Deployment whose pod runs the operator under its own ServiceAccount and the chart's RBAC, in a
 namespace that enforces Pod Security `restricted`. It trains examples/local-cpu.yaml to the end
-(`kubectl logs` of a worker works), and a rule taken out of its ClusterRole makes it fail loudly.
+(`kubectl logs` of a worker works; the running worker's Prometheus metrics are scraped as a PodMonitor
+would; the operator, a pod itself, reads the workers' progress endpoints into status), and a rule taken
+out of its ClusterRole makes it fail loudly.
 
 The local kubelet runs the operator image as the `rtj-operator` program of this checkout's
 environment, with the service-account token the API server issued for the pod.
@@ -10,6 +12,7 @@ environment, with the service-account token the API server issued for the pod.
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +22,11 @@ import helm_python as helm
 import pytest
 import yaml
 from chart_support import CHART
+from prometheus_client.parser import text_string_to_metric_families
 from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.controlplane import free_port
 from rtj_localcluster.testing import create_namespace, kubectl, wait_for
+from rtj_operator import constants
 
 pytestmark = [
     pytest.mark.slow,
@@ -56,6 +61,27 @@ def operator_pod(installed: Installed) -> dict[str, Any] | None:
         if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
     ]
     return running[0] if running else None
+
+
+def trainer_step(kubeconfig: Path, namespace: str, pod_name: str) -> float | None:
+    """The `rtj_trainer_step` a worker pod serves at /metrics on its progress port (a PodMonitor's
+    scrape), parsed by prometheus_client's parser; None until it serves one above 0."""
+    pod = get_json(kubeconfig, "pod", pod_name, "-n", namespace)
+    ip = pod.get("status", {}).get("podIP")
+    if not ip:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{constants.PROGRESS_PORT}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    steps = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "rtj_trainer_step"
+    ]
+    return steps[0] if steps and steps[0] > 0 else None
 
 
 @pytest.fixture
@@ -105,6 +131,8 @@ def test_operator_pod_runs_under_the_charts_rbac_and_trains_the_local_example(
         timeout=180,
         message="the worker's log through kubectl logs",
     )
+    step = wait_for(lambda: trainer_step(kubeconfig, team, worker), timeout=240, message="trainer metrics")
+    assert 0 < step <= 40
 
     def state() -> str:
         return str(

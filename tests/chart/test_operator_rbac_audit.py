@@ -28,7 +28,6 @@ from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.controlplane import free_port
 from rtj_localcluster.testing import create_namespace, kubectl, wait_for
 from rtj_operator import events
-from rtj_operator.runtime.kube import DELEGATED_TO_TRAINER
 
 pytestmark = [
     pytest.mark.slow,
@@ -280,5 +279,5 @@ def test_every_rule_of_the_charts_rbac_is_used_and_nothing_is_refused(
     exercised = {used(e) for e in requests}
     granted = granted_rules(kubeconfig, namespace)
     assert exercised <= granted
-    unused = granted - exercised - set(DELEGATED_TO_TRAINER)
+    unused = granted - exercised
     assert not unused, f"granted but never used in the scenario: {sorted(unused)}"

@@ -59,8 +59,8 @@ def test_job_manifest_is_the_example_with_the_rehearsals_settings() -> None:
     assert env["RTJ_FAULTS"] == "sigkill@step=30,rank=2"
     # The progress file is relative to the working directory, the checkpoint mount.
     assert spec["workingDir"] == spec["checkpoint"].get("mountPath", "/checkpoints")
-    # Every step goes to the timeline file; the pod annotation (the operator's input) is throttled.
-    assert env["RTJ_PROGRESS_SINK"] == "pod-annotation@2,file:demo/progress.jsonl"
+    # Every step goes to the timeline file and to the progress endpoint (the operator's input).
+    assert env["RTJ_PROGRESS_SINK"] == "endpoint,file:demo/progress.jsonl"
     assert env["RTJ_PROGRESS_INTERVAL_SECONDS"] == "0"
 
 

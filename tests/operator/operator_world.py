@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rtj_operator import constants, decide, observe
-from rtj_operator.progress import RestartOffset, format_time
+from rtj_operator.progress import ProgressReport, RestartOffset, format_time
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -85,6 +85,8 @@ class World:
     # A ResourceQuota on the namespace's pod count, as the API server's quota admission applies it.
     quota_pods: int | None = None
     refused_at: datetime | None = None
+    # The trainers' progress reports by pod uid, as the operator last read them from the endpoints.
+    reports: dict[str, ProgressReport] = field(default_factory=dict)
 
     @classmethod
     def with_nodes(cls, job: dict[str, Any], count: int) -> World:
@@ -121,6 +123,7 @@ class World:
             ensure_base=ensure_base,
             offsets=self.offsets,
             refused_at=self.refused_at,
+            reports=self.reports,
         )
 
     def plan(self, *, ensure_base: bool = False) -> decide.Plan:

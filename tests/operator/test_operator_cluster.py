@@ -1,9 +1,11 @@
-"""The operator in-process against a Kubernetes API: lifecycle, node loss, budgets, suspend, restarts,
-invalid objects. Fault tests use the embedded local cluster's fault injection."""
+"""The operator in-process against a Kubernetes API: lifecycle, progress read from the pods' endpoints,
+the trainer's lack of any pod write access, node loss, budgets, suspend, restarts, invalid objects.
+Fault tests use the embedded local cluster's fault injection."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +25,7 @@ from operator_cluster import (
     running_pods_on,
     wait_state,
 )
+from rtj_localcluster.binaries import program
 from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.testing import create_namespace, kubectl, wait_for
 from rtj_operator import constants, events
@@ -31,6 +34,56 @@ from rtj_operator.runtime import kube
 
 pytestmark = pytest.mark.slow
 CPU_CLUSTER = pytest.mark.local_cluster(nodes=4, profile="cpu", node_monitor_grace_seconds=3.0)
+
+
+# A trainer stand-in: it writes one progress report where rtj-launch serves it, then idles.
+REPORT = {
+    "v": 1,
+    "time": "2026-01-01T12:01:40Z",
+    "step": 42,
+    "lastCheckpoint": {"step": 40, "time": "2026-01-01T12:01:30Z"},
+    "restarts": {"inProcess": 1, "inJob": 2},
+    "usefulStepSeconds": 50.0,
+    "trainStartTime": "2026-01-01T12:00:00Z",
+}
+REPORT_AND_SLEEP = [
+    "python",
+    "-c",
+    "import os, time; open(os.environ['RTJ_PROGRESS_FILE'], 'w').write(os.environ['TEST_REPORT']); "
+    "time.sleep(600)",
+]
+
+
+def kubeconfig_with_token(kubeconfig: Path, namespace: str, account: str, tmp_path: Path) -> Path:
+    """A kubeconfig that authenticates as `account` only, with a token from the TokenRequest API."""
+    token = kubectl(kubeconfig, "create", "token", account, "-n", namespace, "--duration=10m").strip()
+    config = yaml.safe_load(kubectl(kubeconfig, "config", "view", "--raw", "--minify", "--flatten"))
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = account
+    path = tmp_path / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def assert_cannot_write_pods(kubeconfig: Path, namespace: str, account: str, tmp_path: Path) -> None:
+    """RBAC as the API server applies it: the account may not change any pod, and a real patch of
+    a worker's image with the account's own token is refused with 403 Forbidden."""
+    subject = f"--as=system:serviceaccount:{namespace}:{account}"
+    for verb in ("patch", "update", "create", "delete"):
+        answer = kubectl(kubeconfig, "auth", "can-i", verb, "pods", "-n", namespace, subject, check=False)
+        assert answer.strip() == "no", (verb, answer)
+    as_trainer = kubeconfig_with_token(kubeconfig, namespace, account, tmp_path)
+    patch = json.dumps({"spec": {"containers": [{"name": "trainer", "image": "attacker/evil:1"}]}})
+    argv = ["-n", namespace, "patch", "pod", "life-worker-1", "--type=strategic", "-p", patch]
+    result = subprocess.run(
+        [str(program("kubectl")), f"--kubeconfig={as_trainer}", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0 and "(Forbidden)" in result.stderr, result.stderr
+    assert f"system:serviceaccount:{namespace}:{account}" in result.stderr, result.stderr
 
 
 @pytest.fixture
@@ -46,20 +99,27 @@ def test_lifecycle_children_status_columns_and_deletion(kubeconfig: Path, tmp_pa
         with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
             nodes = get(kubeconfig, "nodes")["items"]
             instance_type = nodes[0]["metadata"]["labels"][constants.LABEL_INSTANCE_TYPE]
-            apply(kubeconfig, job_manifest("life", namespace, nodes=2, instanceType=instance_type), tmp_path)
+            job = job_manifest(
+                "life",
+                namespace,
+                nodes=2,
+                instanceType=instance_type,
+                command=REPORT_AND_SLEEP,
+                env=[
+                    {"name": "RTJ_LAUNCH_MODE", "value": "direct"},
+                    {"name": "TEST_REPORT", "value": json.dumps(REPORT)},
+                ],
+            )
+            apply(kubeconfig, job, tmp_path)
             status = wait_state(kubeconfig, namespace, "life", "Running")
             assert status["workers"]["readyText"] == "2/2" and status["observedGeneration"] == 1
             ready = next(c for c in status["conditions"] if c["type"] == "Ready")
             assert (ready["status"], ready["reason"]) == ("True", events.REASON_ALL_WORKERS_READY)
             service = get(kubeconfig, "-n", namespace, "service", "life")
             assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
-            for kind, name in [
-                ("persistentvolumeclaim", "life-checkpoints"),
-                ("serviceaccount", "life-trainer"),
-                ("role", "life-trainer"),
-                ("rolebinding", "life-trainer"),
-            ]:
+            for kind, name in [("pvc", "life-checkpoints"), ("serviceaccount", "life-trainer")]:
                 assert get(kubeconfig, "-n", namespace, kind, name)["metadata"]["name"] == name
+            assert_cannot_write_pods(kubeconfig, namespace, "life-trainer", tmp_path)
             worker = pods(kubeconfig, namespace, "life")["life-worker-1"]
             container = worker["spec"]["containers"][0]
             assert container["command"] == ["rtj-launch"] and container["args"][0] == "--"
@@ -70,20 +130,7 @@ def test_lifecycle_children_status_columns_and_deletion(kubeconfig: Path, tmp_pa
             assert row[:4] == ["life", "Running", "2/2", "0"]
             assert events.CHILDREN_CREATED in event_reasons(kubeconfig, namespace, "life")
 
-            # The trainer's progress annotation (written here as the trainer would) reaches status.
-            report = {
-                "v": 1,
-                "time": "2026-01-01T12:01:40Z",
-                "step": 42,
-                "lastCheckpoint": {"step": 40, "time": "2026-01-01T12:01:30Z"},
-                "restarts": {"inProcess": 1, "inJob": 2},
-                "usefulStepSeconds": 50.0,
-                "trainStartTime": "2026-01-01T12:00:00Z",
-            }
-            patch = json.dumps(
-                {"metadata": {"annotations": {constants.ANNOTATION_PROGRESS: json.dumps(report)}}}
-            )
-            kubectl(kubeconfig, "-n", namespace, "patch", "pod", "life-worker-0", "--type=merge", "-p", patch)
+            # The pods' progress reports, read from their endpoints, reach status.
             progressed = wait_for(
                 lambda: s if (s := job_status(kubeconfig, namespace, "life")).get("progress") else None,
                 timeout=60,

@@ -15,8 +15,6 @@ def test_create_renders_every_child_and_records_workers() -> None:
     # The Service, storage and RBAC come before the pods that need them.
     assert kinds == [
         "ServiceAccount",
-        "Role",
-        "RoleBinding",
         "PersistentVolumeClaim",
         "Service",
         "Pod",

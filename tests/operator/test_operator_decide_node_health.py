@@ -11,6 +11,7 @@ import pytest
 from operator_world import WORKER, node_of, running_world
 from rtj_operator import events, nodehealth, observe
 from rtj_operator.nodehealth import NodeHealth, NodeHealthError, parse_node_health
+from rtj_operator.progress import ProgressReport, parse_report
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 P5 = {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32", "cpu": "192"}
@@ -48,7 +49,6 @@ def pod(*, gpus: int = 8, efa: int = 32, report: dict[str, Any] | None = None) -
             "name": "train-worker-0",
             "uid": "u0",
             "labels": {"resilient.training/role": "worker", "resilient.training/worker-index": "0"},
-            "annotations": {"resilient.training/progress": json.dumps(report)} if report else {},
         },
         "spec": {
             "nodeName": "n1",
@@ -56,7 +56,14 @@ def pod(*, gpus: int = 8, efa: int = 32, report: dict[str, Any] | None = None) -
         },
         "status": {"phase": "Running"},
     }
-    parsed = observe.observe_pod(body)
+    parsed = observe.observe_pod(body, parse_report(json.dumps(report)) if report else None)
+    assert parsed is not None
+    return parsed
+
+
+def read_report(payload: dict[str, Any]) -> ProgressReport:
+    """A report as the operator reads it from a worker's progress endpoint."""
+    parsed = parse_report(json.dumps(payload))
     assert parsed is not None
     return parsed
 
@@ -293,14 +300,13 @@ def test_reported_faults_below_the_threshold_are_recorded_without_a_replacement(
     name = node_of(world, WORKER, 1)
     pod_body = world.pod(WORKER, 1)
     assert pod_body is not None
-    pod_body["metadata"].setdefault("annotations", {})["resilient.training/progress"] = json.dumps(
-        report(2, name)
-    )
+    uid = pod_body["metadata"]["uid"]
+    world.reports[uid] = read_report(report(2, name))
     world.reconcile()
     status = world.status()
     assert status["restarts"]["podReplacement"] == 0
     assert [(f["nodeName"], f["count"], f["reportedFaults"]) for f in status["nodeFaults"]] == [(name, 0, 2)]
-    pod_body["metadata"]["annotations"]["resilient.training/progress"] = json.dumps(report(3, name))
+    world.reports[uid] = read_report(report(3, name))
     world.reconcile()
     status = world.status()
     assert status["restarts"]["podReplacement"] == 1

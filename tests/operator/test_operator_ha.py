@@ -47,7 +47,7 @@ pytestmark = pytest.mark.slow
 CPU_CLUSTER = pytest.mark.local_cluster(nodes=3, profile="cpu", node_monitor_grace_seconds=3.0)
 LEASE = "rtj-operator-leader"
 # The children of a job with dynamic storage other than its pods.
-BASE_KINDS = {"Service", "ServiceAccount", "Role", "RoleBinding", "PersistentVolumeClaim"}
+BASE_KINDS = {"Service", "ServiceAccount", "PersistentVolumeClaim"}
 
 
 @pytest.fixture

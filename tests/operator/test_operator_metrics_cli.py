@@ -48,3 +48,35 @@ def test_goodput_series_is_removed_with_its_job_and_states_are_counted() -> None
     metrics.forget_job("ns", "metrics-job")
     assert sample("rtj_job_goodput_ratio", {"namespace": "ns", "job": "metrics-job"}) is None
     metrics.forget_job("ns", "metrics-job")  # forgetting twice is harmless
+
+
+def test_per_job_series_follow_status_and_go_with_the_job() -> None:
+    status = {
+        "progress": {"step": 120, "stepTimeSeconds": 0.25, "updateTime": "2026-01-01T12:01:40Z"},
+        "lastCheckpoint": {"step": 100, "time": "2026-01-01T12:01:00Z"},
+        "workers": {"desired": 2, "ready": 1},
+        "restarts": {"inProcess": 2, "inJob": 1, "podReplacement": 3, "total": 6},
+    }
+    metrics.observe_pass(
+        "ns",
+        "series-job",
+        state="Running",
+        counters={},
+        old_restarts={},
+        new_restarts={},
+        goodput_percent=50.0,
+        status=status,
+    )
+    labels = {"namespace": "ns", "job": "series-job"}
+    assert sample("rtj_job_step", labels) == 120
+    assert sample("rtj_job_step_duration_seconds", labels) == 0.25
+    assert sample("rtj_job_goodput_ratio", labels) == 0.5
+    assert sample("rtj_job_checkpoint_last_step", labels) == 100
+    assert sample("rtj_job_checkpoint_last_timestamp_seconds", labels) == 1767268860.0
+    assert sample("rtj_job_progress_timestamp_seconds", labels) == 1767268900.0
+    assert (sample("rtj_job_workers_ready", labels), sample("rtj_job_workers_desired", labels)) == (1, 2)
+    for layer, count in (("in_process", 2), ("in_job", 1), ("pod_replacement", 3)):
+        assert sample("rtj_job_restarts_total", {**labels, "layer": layer}) == count
+    metrics.forget_job("ns", "series-job")
+    exposition = prometheus_client.generate_latest().decode()
+    assert 'job="series-job"' not in exposition

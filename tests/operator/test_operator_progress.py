@@ -93,13 +93,14 @@ def test_fresh_operator_does_not_recount_what_status_holds() -> None:
     assert folded.in_job_restarts == 4
 
 
-def test_progress_annotations_reach_status_through_reconcile() -> None:
+def test_progress_reports_reach_status_through_reconcile() -> None:
     world = World.with_nodes(job_body(nodes=2), 3)
     world.settle()
     for i, text in enumerate([report(200, checkpoint=200, in_job=1), report(199, in_process=1)]):
         pod = world.pod(constants.ROLE_WORKER, i)
-        assert pod is not None
-        pod["metadata"].setdefault("annotations", {})[constants.ANNOTATION_PROGRESS] = text
+        parsed = parse_report(text)
+        assert pod is not None and parsed is not None
+        world.reports[pod["metadata"]["uid"]] = parsed
     world.reconcile()
     status = world.status()
     assert status["progress"]["step"] == 200 and status["progress"]["goodputPercent"] == 50.0

@@ -413,7 +413,7 @@ def test_progress_json_matches_the_contract() -> None:
 
 
 def test_file_sink_and_reporter_throttle(tmp_path: Path) -> None:
-    sink = progress.make_sink(f"file:{tmp_path / 'p.jsonl'}", "ns", "pod")
+    sink = progress.make_sink(f"file:{tmp_path / 'p.jsonl'}")
     reporter = progress.Reporter(sink, str(tmp_path / "ck"), interval_seconds=3600)
     p = progress.Progress(node_rank=0, train_start_time=0.0)
     assert reporter.report(p) is True
@@ -422,14 +422,14 @@ def test_file_sink_and_reporter_throttle(tmp_path: Path) -> None:
     lines = (tmp_path / "p.jsonl").read_text().splitlines()
     assert len(lines) == 2
     assert progress.load_node_state(str(tmp_path / "ck"), 0) == json.loads(lines[-1])
-    assert isinstance(progress.make_sink("none", "ns", "pod"), progress.NoSink)
+    assert isinstance(progress.make_sink("none"), progress.NoSink)
     with pytest.raises(ValueError, match="RTJ_PROGRESS_SINK"):
-        progress.make_sink("carrier-pigeon", "ns", "pod")
+        progress.make_sink("carrier-pigeon")
 
 
 def test_several_sinks_each_throttled_on_its_own(tmp_path: Path) -> None:
     every, throttled = tmp_path / "every.jsonl", tmp_path / "throttled.jsonl"
-    sink = progress.make_sink(f"file:{every}, file:{throttled}@3600", "ns", "pod")
+    sink = progress.make_sink(f"file:{every}, file:{throttled}@3600")
     assert isinstance(sink, progress.MultiSink)
     reporter = progress.Reporter(sink, str(tmp_path / "ck"), interval_seconds=0)
     p = progress.Progress(node_rank=0, train_start_time=0.0)
@@ -444,7 +444,7 @@ def test_several_sinks_each_throttled_on_its_own(tmp_path: Path) -> None:
     assert [r["step"] for r in every_lines] == [1, 2, 3, 4, 5, 5]
     assert [(r["step"], r["restarts"]["inJob"]) for r in throttled_lines] == [(1, 0), (5, 1)]
     with pytest.raises(ValueError, match="RTJ_PROGRESS_SINK"):
-        progress.make_sink(" , ", "ns", "pod")
+        progress.make_sink(" , ")
 
 
 @pytest.mark.slow

@@ -68,7 +68,10 @@ def run_two_nodes(
         "RTJ_JOB_UID": f"test-{port}",
         "RTJ_CHECKPOINT_DIR": str(workdir / "checkpoints"),
         "RTJ_CHECKPOINT_INTERVAL_STEPS": str(interval),
-        "RTJ_PROGRESS_SINK": f"file:{workdir / 'progress.jsonl'}",
+        # The endpoint too (each node serves it on a port of its own), so that training under both
+        # NVRx releases writes it every step; nobody reads it here, so nothing lingers at the end.
+        "RTJ_PROGRESS_SINK": f"endpoint,file:{workdir / 'progress.jsonl'}",
+        "RTJ_PROGRESS_LINGER_SECONDS": "0",
         "RTJ_PROGRESS_INTERVAL_SECONDS": "0.5",
         "RTJ_FT_HEARTBEAT_TIMEOUT_SECONDS": str(heartbeat_timeout),
         "RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS": "120",
@@ -95,6 +98,7 @@ def run_two_nodes(
                             "TMPDIR": str(tmp),
                             "RTJ_NODE_RANK": str(node),
                             "RTJ_POD_IP": node_address(node),
+                            "RTJ_PROGRESS_PORT": str(free_port()),
                         },
                         stdout=log_file,
                         stderr=subprocess.STDOUT,

@@ -1,9 +1,11 @@
 """The trainer: FSDP training under NVRx async checkpoints, in-process restart and ft_launcher.
 
 Modules: ``env`` (the operator's environment contract), ``launch`` (``rtj-launch``: ft_launcher
-argv), ``train`` (``rtj-train``: the loop under the in-process wrapper), ``restart`` (wrapper, abort,
-budget), ``checkpoint`` (sharded async saves with an atomic commit), ``faults`` (``RTJ_FAULTS``),
-``progress`` (the progress annotation), ``model`` (the workload), ``nvrx_compat`` (NVRx versions).
+argv, the pod's main process), ``train`` (``rtj-train``: the loop under the in-process wrapper),
+``restart`` (wrapper, abort, budget), ``checkpoint`` (sharded async saves with an atomic commit),
+``faults`` (``RTJ_FAULTS``), ``progress`` (the progress report), ``endpoint`` (the pod's progress
+endpoint), ``metrics`` (the trainer's Prometheus metrics), ``model`` (the workload), ``nvrx_compat``
+(NVRx versions).
 """
 
 import os as _os

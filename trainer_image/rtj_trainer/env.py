@@ -40,6 +40,10 @@ INPROCESS_HARD_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_HARD_TIMEOUT_SECONDS"
 INPROCESS_BARRIER_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_BARRIER_TIMEOUT_SECONDS"
 PROGRESS_SINK: Final = "RTJ_PROGRESS_SINK"
 PROGRESS_INTERVAL_SECONDS: Final = "RTJ_PROGRESS_INTERVAL_SECONDS"
+PROGRESS_PORT: Final = "RTJ_PROGRESS_PORT"
+# User-set (spec.env), not rendered: how long rtj-launch keeps a finished pod's endpoint up for the
+# operator to read the final report.
+PROGRESS_LINGER_SECONDS: Final = "RTJ_PROGRESS_LINGER_SECONDS"
 FAULTS: Final = "RTJ_FAULTS"
 # User-set (spec.env), not rendered: "direct" makes rtj-launch exec the command without ft_launcher.
 LAUNCH_MODE: Final = "RTJ_LAUNCH_MODE"
@@ -74,6 +78,7 @@ CONTRACT_NAMES: Final = (
     INPROCESS_HARD_TIMEOUT_SECONDS,
     INPROCESS_BARRIER_TIMEOUT_SECONDS,
     PROGRESS_SINK,
+    PROGRESS_PORT,
     FAULTS,
 )
 
@@ -150,8 +155,11 @@ class TrainerEnv:
     inprocess_soft_timeout_seconds: float = 60.0
     inprocess_hard_timeout_seconds: float = 90.0
     inprocess_barrier_timeout_seconds: float = 120.0
-    progress_sink: str = "pod-annotation"
+    progress_sink: str = "endpoint"
     progress_interval_seconds: float = 5.0
+    # The pod's progress endpoint (rtj_trainer.endpoint); 0 serves none.
+    progress_port: int = 9410
+    progress_linger_seconds: float = 15.0
     faults: str = ""
 
     @classmethod
@@ -205,8 +213,12 @@ class TrainerEnv:
             ),
             progress_sink=environ.get(PROGRESS_SINK, d.progress_sink) or d.progress_sink,
             progress_interval_seconds=_float(environ, PROGRESS_INTERVAL_SECONDS, d.progress_interval_seconds),
+            progress_port=_int(environ, PROGRESS_PORT, d.progress_port),
+            progress_linger_seconds=_float(environ, PROGRESS_LINGER_SECONDS, d.progress_linger_seconds),
             faults=environ.get(FAULTS, d.faults),
         )
+        if not 0 <= env.progress_port <= 65535:
+            raise EnvError(f"{PROGRESS_PORT}={env.progress_port} must be a port number (0: none)")
         if env.checkpoint_interval_steps < 1 or env.checkpoint_keep < 1:
             raise EnvError(f"{CHECKPOINT_INTERVAL_STEPS} and {CHECKPOINT_KEEP} must be >= 1")
         return env

@@ -1,9 +1,12 @@
-"""``rtj-launch -- <training command...>``: the worker container's entry point.
+"""``rtj-launch -- <training command...>``: the worker container's entry point and main process.
 
-It turns the environment contract (``rtj_trainer.env``) into an ``ft_launcher`` command line and
-execs it, so ft_launcher (NVRx's torchrun) becomes the container's main process and restarts the
-workers of this node on a crash or a missed heartbeat (in-job restart). The argv is built by the pure
-:func:`ft_launcher_argv` and passed as a list: nothing the user wrote reaches a shell.
+It turns the environment contract (``rtj_trainer.env``) into an ``ft_launcher`` command line and runs
+it as its child, so ft_launcher (NVRx's torchrun) restarts the workers of this node on a crash or a
+missed heartbeat (in-job restart), while ``rtj-launch`` stays for the pod's whole life: it serves
+the pod's progress endpoint (``rtj_trainer.endpoint``: the progress report for the operator, the
+trainer's Prometheus metrics) through every restart, forwards SIGTERM/SIGINT to ft_launcher and
+exits with its exit status. The argv is built by the pure :func:`ft_launcher_argv` and passed as a
+list: nothing the user wrote reaches a shell.
 
 Rendezvous: worker 0 hosts the c10d store (``is_host=1``), every node dials ``RTJ_RDZV_HOST``
 (``J-worker-0.J.NS.svc``). The name exists only once the headless service publishes worker 0, and a
@@ -18,14 +21,18 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rtj_trainer.endpoint import ProgressEndpoint
 from rtj_trainer.env import LAUNCH_MODE, LAUNCH_MODE_DIRECT, ROLE_SPARE, TrainerEnv
+from rtj_trainer.progress import PROGRESS_FILE_ENV
 
 log = logging.getLogger("rtj_trainer.launch")
 
@@ -147,6 +154,44 @@ def _cpu_only() -> bool:
         return True
 
 
+@contextmanager
+def progress_endpoint(env: TrainerEnv, child_env: dict[str, str]) -> Iterator[ProgressEndpoint | None]:
+    """Serve the pod's progress endpoint while the block runs; the children learn the report file
+    from ``RTJ_PROGRESS_FILE`` in `child_env`. With ``RTJ_PROGRESS_PORT`` 0 the file is still
+    there for the endpoint sink to write, but nothing serves it (None)."""
+    directory = Path(tempfile.mkdtemp(prefix="rtj-progress-"))
+    path = directory / "progress.json"
+    child_env[PROGRESS_FILE_ENV] = str(path)
+    endpoint = None
+    if env.progress_port != 0:
+        endpoint = ProgressEndpoint(path, env.progress_port, ipv6=":" in env.pod_ip)
+        endpoint.start()
+    try:
+        yield endpoint
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def supervise(argv: Sequence[str], child_env: Mapping[str, str]) -> int:
+    """Run `argv` as a child, forwarding SIGTERM and SIGINT to it; its exit status (128 + N for a
+    child killed by signal N, as a shell reports it)."""
+    child = subprocess.Popen(list(argv), env=dict(child_env))
+
+    def forward(signum: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code if code >= 0 else 128 - code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = list(sys.argv[1:] if argv is None else argv)
@@ -159,19 +204,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: rtj-launch -- <training command...>", file=sys.stderr)
         return 2
     command = [_find_executable(args[0]), *args[1:]]
-    if os.environ.get(LAUNCH_MODE) == LAUNCH_MODE_DIRECT:
-        # No ft_launcher, no rendezvous: the command is the container's process (operator tests use
-        # trivial commands to exercise pod lifecycles without spending CPU on torch).
-        os.execv(command[0], command)
-    address = resolve(env.rdzv_host, env.rdzv_port)
-    launcher = _find_executable("ft_launcher")
-    full = ft_launcher_argv(env, rdzv_address=address, command=command, cpu=_cpu_only(), launcher=launcher)
     child_env = dict(os.environ)
-    # ft_launcher's IPC sockets live in TMPDIR; a read-only root filesystem needs it on a volume.
-    child_env.setdefault("TMPDIR", tempfile.gettempdir())
-    child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    log.info("exec %s", " ".join(full))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(full[0], full, child_env)
-    return 127  # not reached
+    if os.environ.get(LAUNCH_MODE) == LAUNCH_MODE_DIRECT:
+        # No ft_launcher, no rendezvous: the command is the launcher's child (operator tests use
+        # trivial commands to exercise pod lifecycles without spending CPU on torch).
+        full = command
+    else:
+        address = resolve(env.rdzv_host, env.rdzv_port)
+        launcher = _find_executable("ft_launcher")
+        full = ft_launcher_argv(
+            env, rdzv_address=address, command=command, cpu=_cpu_only(), launcher=launcher
+        )
+        # ft_launcher's IPC sockets live in TMPDIR; a read-only root filesystem needs it on a volume.
+        child_env.setdefault("TMPDIR", tempfile.gettempdir())
+        child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    with progress_endpoint(env, child_env) as endpoint:
+        log.info("run %s", " ".join(full))
+        code = supervise(full, child_env)
+        if code == 0 and endpoint is not None and not endpoint.wait_delivered(env.progress_linger_seconds):
+            # The operator reads the final report from the endpoint: a finished pod waits for that
+            # read (a failed one does not: its replacement matters more than its last report).
+            log.warning("final progress report not read within %.0f s", env.progress_linger_seconds)
+    return code

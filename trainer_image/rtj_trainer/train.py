@@ -201,7 +201,7 @@ class Trainer:
         self.progress.restarts_in_process = self.in_process_base
         self.node_faults = node_faults.NodeFaultLog(self.checkpoint_dir, node_faults.node_name(env.node_name))
         self.reporter = Reporter(
-            make_sink(env.progress_sink, env.namespace, env.pod_name) if self.local_rank == 0 else NoSink(),
+            make_sink(env.progress_sink) if self.local_rank == 0 else NoSink(),
             self.checkpoint_dir,
             env.progress_interval_seconds,
             enabled=self.local_rank == 0,

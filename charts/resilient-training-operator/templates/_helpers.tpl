@@ -85,17 +85,14 @@ docs/security.md explains each rule. Secrets are never read.
 - apiGroups: ["resilient.training"]
   resources: ["resilienttrainingjobs/status"]
   verbs: ["patch"]
-# Worker and spare pods: watched, created and deleted to replace a worker. get and patch are what
-# the trainer's Role grants: RBAC lets a subject create a Role only with permissions it holds.
+# Worker and spare pods: watched, created and deleted to replace a worker. Never patched: the
+# trainers' progress is read from their pods' progress endpoints, not from the API.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  verbs: ["list", "watch", "create", "delete"]
 # The job's other children; owner references delete them with the job (garbage collection).
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
-  verbs: ["create"]
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
   verbs: ["create"]
 # The checkpoint claim; deleted explicitly under retentionPolicy Delete.
 - apiGroups: [""]

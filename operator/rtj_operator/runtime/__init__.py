@@ -4,7 +4,8 @@
 - `queue`: the work queue (one pass per job at a time, bursts coalesced, failures retried).
 - `passes`: one pass (observe, decide, write status, post Events, apply actions) and the finalizer.
 - `context`: the operator's state handed to every handler (kopf's memo).
+- `scrape`: reading the trainers' progress from their pods' progress endpoints (no API call).
 - `kube`: every API call the operator makes, and the RBAC they need (`REQUIRED_PERMISSIONS`).
 
-The layers import downward only: handlers -> passes -> context -> queue, kube.
+The layers import downward only: handlers -> passes -> context -> queue, kube, scrape.
 """

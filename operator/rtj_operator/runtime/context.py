@@ -21,6 +21,7 @@ from rtj_operator.nodehealth import NodeHealth
 from rtj_operator.runtime.kube import Kube
 from rtj_operator.runtime.leader import LeaderElector
 from rtj_operator.runtime.queue import JobKey, WorkQueue
+from rtj_operator.runtime.scrape import ProgressScraper
 from rtj_operator.runtime.sight import ApiSight
 
 
@@ -39,6 +40,8 @@ class OperatorContext:
     # The FSx file systems each namespace's jobs may mount (`--allow-fsx`; empty: none).
     fsx_allowed: FsxAllowList = field(default_factory=FsxAllowList)
     queue: WorkQueue = field(init=False)
+    # The trainers' newest progress reports, read from their pods' endpoints (see runtime.scrape).
+    progress: ProgressScraper = field(default_factory=ProgressScraper)
     # Filled by kopf (see handlers.remember_indexes).
     jobs: kopf.Index[JobKey, dict[str, Any]] | None = None
     pods: kopf.Index[JobKey, dict[str, Any]] | None = None

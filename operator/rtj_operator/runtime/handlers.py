@@ -4,8 +4,9 @@
 the settings (on.startup) and the login; indexes of jobs, pods (by job) and nodes; job
 create/update/resume (a pass that also asserts the base children), a timer as a safety net, and
 delete (the finalizer: `passes.finalize_job`); every job event, for a status written by someone
-else (`passes.overwritten`); pod and node events. Every handler only records kopf's
-indexes in the context and asks the work queue for a pass (`queue.WorkQueue.trigger`).
+else (`passes.overwritten`); pod and node events; a daemon per job that reads its trainers'
+progress endpoints (`scrape.ProgressScraper.follow`). Every handler only records kopf's indexes in
+the context and asks the work queue for a pass (`queue.WorkQueue.trigger`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.timer(*_JOBS, interval=TIMER_INTERVAL_SECONDS, id="job_timer", registry=registry)(job_timer)
     kopf.on.delete(*_JOBS, id="job_deleted", registry=registry)(job_deleted)
     kopf.on.event(*_JOBS, id="job_event", registry=registry)(job_event)
+    kopf.daemon(*_JOBS, id="job_progress", cancellation_timeout=10.0, registry=registry)(job_progress)
     # What the jobs' pods and the nodes do.
     kopf.on.event("pods", labels={constants.LABEL_JOB: kopf.PRESENT}, id="pod_event", registry=registry)(
         pod_event
@@ -168,6 +170,13 @@ async def job_event(**kwargs: Any) -> None:
         return  # the initial listing (resume handlers cover it), or a job not reconciled yet
     if passes.overwritten(runner, kwargs["body"]):
         await memo.queue.trigger(key)
+
+
+async def job_progress(**kwargs: Any) -> None:
+    """While the job exists: read its workers' progress endpoints, a pass when a report changed."""
+    memo = remember_indexes(kwargs)
+    key = _job_key(kwargs)
+    await memo.progress.follow(key, lambda: memo.job_pods(key), lambda: memo.queue.trigger(key))
 
 
 async def job_deleted(**kwargs: Any) -> None:

@@ -4,7 +4,7 @@
 the decisions' actions (`rtj_operator.decide`); kopf makes the watch calls (and its finalizer and
 annotation patches) itself. The Helm chart's ClusterRole must grant exactly `REQUIRED_PERMISSIONS`
 (a chart test compares them, and another runs the operator under them with the API server's audit
-log on: every rule but `DELEGATED_TO_TRAINER` must be used), so any new call added here must add its
+log on: every rule must be used), so any new call added here must add its
 (group, resource, verb) there.
 
 Synchronous on purpose: the official client is synchronous; `runtime` runs these calls in worker
@@ -47,22 +47,10 @@ from rtj_operator.decide import (
 
 logger = logging.getLogger(__name__)
 
-RBAC_GROUP: Final = "rbac.authorization.k8s.io"
 COORDINATION_GROUP: Final = "coordination.k8s.io"
 
-# (group, resource, verb) held only because the trainer's Role grants them (`render.render_rbac`):
-# RBAC lets a subject create a Role only with permissions it holds itself (escalation prevention),
-# and the operator has no `escalate`. The operator never calls them; a chart test keeps this set
-# equal to the trainer Role's rules, and the RBAC audit test exempts exactly these.
-DELEGATED_TO_TRAINER: Final[frozenset[tuple[str, str, str]]] = frozenset(
-    {
-        ("", "pods", "get"),
-        ("", "pods", "patch"),
-    }
-)
-
-# (group, resource, verb) for every call the operator makes, its own and kopf's.
-OPERATOR_CALLS: Final[frozenset[tuple[str, str, str]]] = frozenset(
+# (group, resource, verb) for everything the operator does, its own calls and kopf's.
+REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
     {
         # Jobs: kopf watches them (list, watch), adds/removes its finalizer and annotations (patch);
         # the operator reads one fresh before acting (get), deletes it after its TTL (delete).
@@ -90,16 +78,12 @@ OPERATOR_CALLS: Final[frozenset[tuple[str, str, str]]] = frozenset(
         ("", "persistentvolumeclaims", "delete"),
         ("", "persistentvolumes", "create"),
         ("", "persistentvolumes", "delete"),
-        (RBAC_GROUP, "roles", "create"),
-        (RBAC_GROUP, "rolebindings", "create"),
         # Events, posted by kopf's event poster for the operator, and the milestone Events the
         # operator posts itself under names of their own.
         ("", "events", "create"),
     }
 )
 
-# Everything the operator's identity must be granted (the chart's rules, exactly).
-REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = OPERATOR_CALLS | DELEGATED_TO_TRAINER
 # (group, resource, verb) for leader election, granted only in the operator's own namespace (a Role
 # of the chart): the replicas read, create and renew one Lease there (`runtime.leader`).
 LEADER_ELECTION_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
@@ -173,10 +157,8 @@ RESOURCES: Final[dict[str, Resource]] = {
     "PersistentVolumeClaim": Resource("", "v1", "persistentvolumeclaims", True),
     "PersistentVolume": Resource("", "v1", "persistentvolumes", False),
     "Node": Resource("", "v1", "nodes", False),
-    "Role": Resource(RBAC_GROUP, "v1", "roles", True),
     "Lease": Resource(COORDINATION_GROUP, "v1", "leases", True),
     "Event": Resource("", "v1", "events", True),
-    "RoleBinding": Resource(RBAC_GROUP, "v1", "rolebindings", True),
     constants.KIND: Resource(constants.GROUP, constants.VERSION, constants.PLURAL, True),
 }
 

@@ -131,6 +131,7 @@ async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str
         old_restarts=view.status.get("restarts") or {},
         new_restarts=plan.status.get("restarts") or {},
         goodput_percent=(plan.status.get("progress") or {}).get("goodputPercent"),
+        status=plan.status,
     )
     if plan.requeue_after is not None:
         await ctx.queue.trigger(key, delay=plan.requeue_after)
@@ -210,6 +211,7 @@ async def _decide(
         refused_at=runner.refused_at,
         health=ctx.node_health,
         fsx_allowed=ctx.fsx_allowed,
+        reports=ctx.progress.reports(key),
     )
     plan = decide.reconcile(view, observed, _now())
     if not plan.actions and not plan.status_changed:
@@ -241,6 +243,7 @@ async def _decide_fresh(
         refused_at=runner.refused_at,
         health=ctx.node_health,
         fsx_allowed=ctx.fsx_allowed,
+        reports=ctx.progress.reports(key),
     )
     plan = decide.reconcile(view, observed, _now())
     if foreign:
