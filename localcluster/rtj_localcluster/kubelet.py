@@ -9,6 +9,9 @@ env values, command/args and workingDir are rewritten to the real directories (`
 Status (phase, conditions, containerStatuses) goes to ``pods/status``; deletion sends SIGTERM, then
 SIGKILL after the grace period, then finishes the delete with gracePeriodSeconds=0.
 
+Containers run as their securityContext's runAsUser/runAsGroup/fsGroup when the kubelet runs as root
+(``identity``: a real kubelet's user switch and emptyDir ownership).
+
 Every process of a container carries ``RTJ_LOCAL_POD_UID``/``RTJ_LOCAL_CONTAINER`` in its
 environment: launchers such as torch elastic start workers in new sessions, so the kubelet finds a
 container's processes by that mark (like a cgroup) rather than by process group alone.
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import identity
 from .certs import CertPair
 from .client import ApiError, Informer, KubeClient, now_micro, now_rfc3339, path_for
 from .logserver import LogServer
@@ -371,6 +375,7 @@ class PodWorker:
             if medium == "Memory" and self.tmp_dir is not None:
                 own = self.tmp_dir / "shm" / name  # a tmpfs-backed /tmp is the closest, and is cleaned up
             own.mkdir(parents=True, exist_ok=True)
+            identity.prepare_empty_dir(own, self.pod)
             return str(own)
         if "hostPath" in volume:
             return _host_path(volume["hostPath"])
@@ -584,6 +589,12 @@ class PodWorker:
         working_dir = c.spec.get("workingDir")
         cwd = Path(rewrite_path(working_dir, mounts)) if working_dir else self.dir / "work"
         cwd.mkdir(parents=True, exist_ok=True)
+        run_as = identity.run_as(self.pod, c.spec)
+        if run_as is not None:
+            # The container's writable layer: its TMPDIR and HOME (the default working directory).
+            identity.give_to(run_as, *(p for p in (self.tmp_dir, self.dir / "work") if p is not None))
+            identity.user_env(run_as, env)
+            argv = [*identity.command_prefix(run_as), *argv]
         c.env, c.cwd, c.mounts = env, str(cwd), mounts
         with self.log_path(c.name).open("ab") as log_file:
             return await asyncio.create_subprocess_exec(

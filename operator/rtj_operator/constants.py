@@ -45,6 +45,21 @@ TAINT_EXCLUDED: Final = f"{GROUP}/excluded"
 
 # The instance-type label the renderer's node affinity keys on.
 LABEL_INSTANCE_TYPE: Final = "node.kubernetes.io/instance-type"
+# The availability-zone label of nodes (and of zonal PersistentVolumes' node affinity).
+LABEL_ZONE: Final = "topology.kubernetes.io/zone"
+
+# Other projects' keys the renderer writes on opt-in (spec.disruption, spec.scheduling.gang).
+ANNOTATION_DO_NOT_DISRUPT: Final = "karpenter.sh/do-not-disrupt"
+LABEL_KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
+LABEL_KUEUE_POD_GROUP: Final = "kueue.x-k8s.io/pod-group-name"
+ANNOTATION_KUEUE_POD_GROUP_TOTAL: Final = "kueue.x-k8s.io/pod-group-total-count"
+LABEL_COSCHEDULING_POD_GROUP: Final = "scheduling.x-k8s.io/pod-group"
+COSCHEDULING_API_VERSION: Final = "scheduling.x-k8s.io/v1alpha1"
+
+# The user the trainer image runs as (Dockerfile): the pods' runAsUser/runAsGroup/fsGroup, and the
+# owner the checkpoint-directory init container gives the job's directory.
+TRAINER_UID: Final = 10001
+TRAINER_GID: Final = 10001
 
 # The environment contract (docs/architecture.md, "Environment contract"): the renderer sets these on
 # every worker and spare container (RTJ_NODE_RANK on workers only; RTJ_FAULTS only through spec.env).
@@ -78,6 +93,10 @@ ENV_INPROCESS_BARRIER_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_BARRIER_TIMEOUT_SE
 ENV_PROGRESS_SINK: Final = "RTJ_PROGRESS_SINK"
 ENV_PROGRESS_PORT: Final = "RTJ_PROGRESS_PORT"
 ENV_FAULTS: Final = "RTJ_FAULTS"
+# The worker container's terminationMessagePath: rtj-launch writes "Drained: ..." there after a drain.
+ENV_TERMINATION_MESSAGE_PATH: Final = "RTJ_TERMINATION_MESSAGE_PATH"
+# On the checkpoint-directory init container only: "<uid>:<gid>" to give RTJ_CHECKPOINT_DIR.
+ENV_CHECKPOINT_DIR_OWNER: Final = "RTJ_CHECKPOINT_DIR_OWNER"
 ENV_CONTRACT: Final = (
     ENV_JOB_NAME,
     ENV_NAMESPACE,
@@ -108,4 +127,5 @@ ENV_CONTRACT: Final = (
     ENV_PROGRESS_SINK,
     ENV_PROGRESS_PORT,
     ENV_FAULTS,
+    ENV_TERMINATION_MESSAGE_PATH,
 )

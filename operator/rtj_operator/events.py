@@ -37,7 +37,8 @@ SUSPENDED: Final = "Suspended"  # spec.suspend became true: workers and spares d
 RESUMED: Final = "Resumed"  # spec.suspend became false: workers recreated
 TTL_EXPIRED: Final = "TTLExpired"  # ttlSecondsAfterFinished passed: the job is deleted
 STORAGE_DELETED: Final = "StorageDeleted"  # retentionPolicy Delete: the checkpoint volume was deleted
-CHILD_REJECTED: Final = "ChildRejected"  # the API server refused a child (400/403/422): invalid, policy
+# The API server refused a child (400/403/404/422): invalid, a policy, a kind it does not serve.
+CHILD_REJECTED: Final = "ChildRejected"
 QUOTA_EXCEEDED: Final = "QuotaExceeded"  # a ResourceQuota of the namespace refused a child
 FILE_SYSTEM_NOT_ALLOWED: Final = "FileSystemNotAllowed"  # fsxStatic names a file system not allowed there
 INSUFFICIENT_NODES: Final = "InsufficientNodes"  # too few nodes can ever hold a worker: no pod created

@@ -14,6 +14,8 @@ from rtj_operator import constants
 
 # The worker and spare pods' container.
 CONTAINER_NAME: Final = "trainer"
+# The init container that gives the job its checkpoint directory (render, rtj_trainer.checkpoint_dir).
+CHECKPOINT_INIT_CONTAINER_NAME: Final = "prepare-checkpoints"
 # The rendezvous port's name, on the container and on the Service.
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
 # The progress endpoint's port name on the container (the operator and a PodMonitor find it by it).
@@ -53,6 +55,16 @@ def pv_name(job: str, namespace: str) -> str:
 def trainer_name(job: str) -> str:
     """`J-trainer`: the ServiceAccount of the job's pods (bound to no Role)."""
     return f"{job}-trainer"
+
+
+def disruption_budget_name(job: str) -> str:
+    """`J-workers`: the PodDisruptionBudget over the job's workers (opt-in)."""
+    return f"{job}-workers"
+
+
+def pod_group_name(job: str) -> str:
+    """`J`: the job's Kueue pod group and coscheduling PodGroup (opt-in)."""
+    return job
 
 
 def rendezvous_host(job: str, namespace: str) -> str:

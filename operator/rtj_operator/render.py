@@ -37,6 +37,8 @@ __all__ = [
     "checkpoint_claim_name",
     "render",
     "render_base",
+    "render_pod_disruption_budget",
+    "render_pod_group",
     "render_service",
     "render_service_account",
     "render_spare_pod",
@@ -45,6 +47,10 @@ __all__ = [
 ]
 
 LAUNCH_COMMAND = "rtj-launch"
+# rtj-launch's init-container mode (rtj_trainer.launch): prepare the job's checkpoint directory.
+PREPARE_CHECKPOINT_DIR_ARG = "--prepare-checkpoint-dir"
+# Where the kubelet reads a container's termination message (Kubernetes' default path).
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # Taints the node lifecycle controller puts on a lost node; DefaultTolerationSeconds would otherwise
 # give every pod 300 s on them (FIELD_NOTES: ~5 min 50 s before eviction).
@@ -159,6 +165,7 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int | None) -
         (c.ENV_INPROCESS_BARRIER_TIMEOUT_SECONDS, str(ip.barrier_timeout_seconds)),
         (c.ENV_PROGRESS_SINK, PROGRESS_SINK_DEFAULT),
         (c.ENV_PROGRESS_PORT, str(c.PROGRESS_PORT)),
+        (c.ENV_TERMINATION_MESSAGE_PATH, TERMINATION_MESSAGE_PATH),
     ]
     sizing = resolve_sizing(spec.instance_type, spec.resources)
     if sizing.efa_adapters > 0:
@@ -198,6 +205,7 @@ def _affinity(
         required.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": excluded})
     if node_name is not None:
         required.append({"key": HOSTNAME_LABEL, "operator": "In", "values": [node_name]})
+    required += _zone_requirements(job)
     user_terms = [
         [expr.model_dump(by_alias=True, exclude_none=True) for expr in term.match_expressions]
         for term in job.spec.scheduling.required_node_affinity_terms
@@ -206,8 +214,14 @@ def _affinity(
     terms = [{"matchExpressions": [*user, *required]} for user in user_terms] or [
         {"matchExpressions": required}
     ]
+    affinity: dict[str, Any] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+    }
+    same_topology = _same_topology_affinity(job)
+    if same_topology is not None:
+        affinity["podAffinity"] = same_topology
     return {
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}},
+        **affinity,
         # One pod of the job per node: a spare holds a whole node, a worker owns its node's devices.
         "podAntiAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -293,6 +307,169 @@ def _container_security_context(job: ResilientTrainingJob) -> dict[str, Any]:
     }
 
 
+# --- placement, disruption, gang admission, checkpoint ownership ---------------------------------------
+
+
+def _zone_requirements(job: ResilientTrainingJob) -> list[dict[str, Any]]:
+    """The FSx file system's zone, when the spec gives it: pods must run there (node affinity)."""
+    fsx = job.spec.checkpoint.storage.fsx_static
+    if fsx is None or fsx.availability_zone is None:
+        return []
+    return [{"key": constants.LABEL_ZONE, "operator": "In", "values": [fsx.availability_zone]}]
+
+
+def _same_topology_affinity(job: ResilientTrainingJob) -> dict[str, Any] | None:
+    """Required pod affinity among the job's pods, one term per key of scheduling.sameTopology.
+
+    The first pod matches its own selector, and the scheduler lets it go to any domain (the
+    inter-pod affinity's exception for the first of a group); the others follow it, replacements
+    included, so a job stays in the zone (or node group) its pods already run in.
+    """
+    keys = job.spec.scheduling.same_topology
+    if not keys:
+        return None
+    return {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": names.selector_labels(job.name)}, "topologyKey": key}
+            for key in keys
+        ]
+    }
+
+
+def _disruption_annotations(job: ResilientTrainingJob, role: str) -> dict[str, str]:
+    """karpenter.sh/do-not-disrupt on workers when spec.disruption.doNotDisrupt (spares may go)."""
+    if role == constants.ROLE_WORKER and job.spec.disruption.do_not_disrupt:
+        return {constants.ANNOTATION_DO_NOT_DISRUPT: "true"}
+    return {}
+
+
+def _pod_group_size(job: ResilientTrainingJob) -> int:
+    return job.spec.nodes + job.spec.hot_spares
+
+
+def _gang_labels(job: ResilientTrainingJob) -> dict[str, str]:
+    """The labels that put a pod into the job's Kueue pod group or coscheduling PodGroup."""
+    gang = job.spec.scheduling.gang
+    if gang is None:
+        return {}
+    if gang.kueue is not None:
+        return {
+            constants.LABEL_KUEUE_QUEUE: gang.kueue.queue_name,
+            constants.LABEL_KUEUE_POD_GROUP: names.pod_group_name(job.name),
+        }
+    return {constants.LABEL_COSCHEDULING_POD_GROUP: names.pod_group_name(job.name)}
+
+
+def _gang_annotations(job: ResilientTrainingJob) -> dict[str, str]:
+    """Kueue admits a pod group once this many pods of it exist: every worker and spare."""
+    gang = job.spec.scheduling.gang
+    if gang is None or gang.kueue is None:
+        return {}
+    return {constants.ANNOTATION_KUEUE_POD_GROUP_TOTAL: str(_pod_group_size(job))}
+
+
+def _scheduler_name(job: ResilientTrainingJob) -> str | None:
+    gang = job.spec.scheduling.gang
+    return gang.coscheduling.scheduler_name if gang is not None and gang.coscheduling is not None else None
+
+
+def _pod_security_context() -> dict[str, Any]:
+    """The trainer image's user, and fsGroup for volumes whose driver applies it (emptyDir, block
+    volumes); OnRootMismatch skips the recursive change when the root already has the group."""
+    return {
+        "runAsUser": constants.TRAINER_UID,
+        "runAsGroup": constants.TRAINER_GID,
+        "fsGroup": constants.TRAINER_GID,
+        "fsGroupChangePolicy": "OnRootMismatch",
+    }
+
+
+def _checkpoint_dir_init_container(job: ResilientTrainingJob) -> dict[str, Any] | None:
+    """Creates ``<mountPath>/<job>`` owned by the trainer's user (``rtj_trainer.checkpoint_dir``).
+
+    A fresh FSx for Lustre root belongs to root, and the FSx CSI driver ignores fsGroup on
+    ReadWriteMany volumes: only root can create the job's directory. So this one step runs as root,
+    with CAP_CHOWN and CAP_FOWNER alone, and touches nothing but that directory.
+    """
+    spec = job.spec
+    if not spec.checkpoint.prepare_directory:
+        return None
+    owner = f"{constants.TRAINER_UID}:{constants.TRAINER_GID}"
+    directory = names.checkpoint_dir(job.name, spec.checkpoint.mount_path)
+    return {
+        "name": names.CHECKPOINT_INIT_CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy.value,
+        "command": [LAUNCH_COMMAND, PREPARE_CHECKPOINT_DIR_ARG],
+        "env": [
+            {"name": constants.ENV_CHECKPOINT_DIR, "value": directory},
+            {"name": constants.ENV_CHECKPOINT_DIR_OWNER, "value": owner},
+        ],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "128Mi"}},
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]},
+        },
+        "volumeMounts": [{"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path}],
+    }  # fmt: skip
+
+
+def _volume_zone_affinity(job: ResilientTrainingJob) -> dict[str, Any]:
+    """A zonal PersistentVolume's nodeAffinity (the scheduler's volume binding checks it too)."""
+    zone = _zone_requirements(job)
+    if not zone:
+        return {}
+    return {"nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": zone}]}}}
+
+
+def render_pod_disruption_budget(
+    job: ResilientTrainingJob, *, uid: str | None = None
+) -> dict[str, Any] | None:
+    """The workers' PodDisruptionBudget when spec.disruption.podDisruptionBudget is set, else None.
+
+    ``unhealthyPodEvictionPolicy: AlwaysAllow``: a worker that is not Ready (a failed node, a pod
+    being replaced) never holds up a node drain.
+    """
+    budget = job.spec.disruption.pod_disruption_budget
+    if budget is None:
+        return None
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(job, names.disruption_budget_name(job.name), _job_uid(job, uid)),
+        "spec": {
+            "maxUnavailable": budget.max_unavailable,
+            "selector": {
+                "matchLabels": {
+                    **names.selector_labels(job.name),
+                    constants.LABEL_ROLE: constants.ROLE_WORKER,
+                }
+            },
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def render_pod_group(job: ResilientTrainingJob, *, uid: str | None = None) -> dict[str, Any] | None:
+    """The coscheduling PodGroup (minMember = nodes) when scheduling.gang.coscheduling is set, else None."""
+    gang = job.spec.scheduling.gang
+    if gang is None or gang.coscheduling is None:
+        return None
+    return {
+        "apiVersion": constants.COSCHEDULING_API_VERSION,
+        "kind": "PodGroup",
+        "metadata": _metadata(job, names.pod_group_name(job.name), _job_uid(job, uid)),
+        "spec": {
+            "minMember": job.spec.nodes,
+            "scheduleTimeoutSeconds": gang.coscheduling.schedule_timeout_seconds,
+        },
+    }
+
+
 @dataclass(frozen=True)
 class Replacement:
     """What a worker pod created after a fault carries, so the operator can space replacements.
@@ -317,12 +494,13 @@ class Placement:
 def _pod_metadata(job: ResilientTrainingJob, name: str, uid: str, role: str, index: int) -> dict[str, Any]:
     spec = job.spec
     metadata = _metadata(job, name, uid)
-    labels = {**spec.pod_labels, **metadata["labels"], constants.LABEL_ROLE: role}
+    labels = {**spec.pod_labels, **_gang_labels(job), **metadata["labels"], constants.LABEL_ROLE: role}
     if role == constants.ROLE_WORKER:
         labels[constants.LABEL_WORKER_INDEX] = str(index)
     metadata["labels"] = labels
-    if spec.pod_annotations:
-        metadata["annotations"] = dict(spec.pod_annotations)
+    annotations = {**spec.pod_annotations, **_gang_annotations(job), **_disruption_annotations(job, role)}
+    if annotations:
+        metadata["annotations"] = annotations
     return metadata
 
 
@@ -336,6 +514,7 @@ def _container(job: ResilientTrainingJob, uid: str, role: str, index: int) -> di
         "args": ["--", *spec.command, *spec.args],
         # A container that fails without writing /dev/termination-log reports the tail of its log:
         # the operator puts that message in the job's condition and Event (observe.observe_pod).
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.working_dir is not None:
@@ -370,6 +549,13 @@ def _pod(job: ResilientTrainingJob, uid: str, role: str, index: int, placement: 
     pod_spec["tolerations"] = _tolerations(job)
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    scheduler = _scheduler_name(job)
+    if scheduler is not None:
+        pod_spec["schedulerName"] = scheduler
+    pod_spec["securityContext"] = _pod_security_context()
+    init = _checkpoint_dir_init_container(job)
+    if init is not None:
+        pod_spec["initContainers"] = [init]
     pod_spec["containers"] = [_container(job, uid, role, index)]
     pod_spec["volumes"] = _volumes(job)
     metadata = _pod_metadata(job, name, uid, role, index)
@@ -469,6 +655,7 @@ def render_storage(job: ResilientTrainingJob, *, uid: str | None = None) -> list
                         "volumeHandle": fsx.file_system_id,
                         "volumeAttributes": {"dnsname": fsx.dns_name, "mountname": fsx.mount_name},
                     },
+                    **_volume_zone_affinity(job),
                 },
             }
         )  # fmt: skip
@@ -514,19 +701,23 @@ def render_service_account(job: ResilientTrainingJob, *, uid: str | None = None)
 
 
 def render_base(job: ResilientTrainingJob, *, uid: str | None = None) -> list[dict[str, Any]]:
-    """The children other than pods, in creation order: ServiceAccount, storage, Service."""
+    """The children other than pods, in creation order: ServiceAccount, storage, Service, then the
+    opt-in PodDisruptionBudget and coscheduling PodGroup."""
     owner = _job_uid(job, uid)
+    optional = [render_pod_disruption_budget(job, uid=owner), render_pod_group(job, uid=owner)]
     return [
         *render_service_account(job, uid=owner),
         *render_storage(job, uid=owner),
         render_service(job, uid=owner),
+        *(child for child in optional if child is not None),
     ]
 
 
 def render(
     job: ResilientTrainingJob, *, uid: str | None = None, excluded_nodes: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
-    """Every child of the job, in creation order: ServiceAccount, storage, Service, workers, spares.
+    """Every child of the job, in creation order: ServiceAccount, storage, Service,
+    (PodDisruptionBudget, PodGroup), workers, spares.
 
     ``uid`` defaults to ``job.metadata.uid`` (owner references and the rendezvous id need one);
     ``excluded_nodes`` are kept out of every pod's node affinity. Suspended jobs still render their

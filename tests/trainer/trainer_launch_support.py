@@ -45,20 +45,18 @@ class Run:
         return self.node(node_rank)[-1]
 
 
-def run_two_nodes(
+def launch_env(
     workdir: Path,
     *,
-    steps: int,
     faults: str = "",
     interval: int = 10,
     nproc: int = 2,
     heartbeat_timeout: float = 5,
-    timeout: float = 420,
     extra_env: dict[str, str] | None = None,
-    train_args: tuple[str, ...] = (),
-) -> Run:
+) -> dict[str, str]:
+    """The environment two "nodes" share (each adds its rank, address and TMPDIR in start_node)."""
     port = free_port()
-    base = {
+    return {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "RTJ_RDZV_HOST": "127.0.0.1",
@@ -81,42 +79,88 @@ def run_two_nodes(
         "OMP_NUM_THREADS": "1",
         **(extra_env or {}),
     }
+
+
+def start_node(
+    workdir: Path,
+    base: dict[str, str],
+    node: int,
+    *,
+    steps: int,
+    train_args: tuple[str, ...] = (),
+    name: str = "",
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """One "node": ``rtj-launch -- rtj-train`` in its own process group, its TMPDIR and log named
+    ``name`` (default ``node<N>``, a replacement node takes another name)."""
+    name = name or f"node{node}"
+    tmp = workdir / f"tmp-{name}"
+    tmp.mkdir(parents=True)
+    log_path = workdir / f"{name}.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [str(BIN / "rtj-launch"), "--", "rtj-train", "--steps", str(steps), *train_args],
+            env={
+                **base,
+                "TMPDIR": str(tmp),
+                "RTJ_NODE_RANK": str(node),
+                "RTJ_POD_IP": node_address(node),
+                "RTJ_PROGRESS_PORT": str(free_port()),
+            },
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # one process group per "node", killed as a whole
+        )
+    return proc, log_path
+
+
+def read_progress(workdir: Path) -> list[dict[str, Any]]:
+    progress_file = workdir / "progress.jsonl"
+    if not progress_file.exists():
+        return []
+    return [json.loads(line) for line in progress_file.read_text().splitlines()]
+
+
+def kill_nodes(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_two_nodes(
+    workdir: Path,
+    *,
+    steps: int,
+    faults: str = "",
+    interval: int = 10,
+    nproc: int = 2,
+    heartbeat_timeout: float = 5,
+    timeout: float = 420,
+    extra_env: dict[str, str] | None = None,
+    train_args: tuple[str, ...] = (),
+) -> Run:
+    base = launch_env(
+        workdir,
+        faults=faults,
+        interval=interval,
+        nproc=nproc,
+        heartbeat_timeout=heartbeat_timeout,
+        extra_env=extra_env,
+    )
     procs: list[subprocess.Popen[bytes]] = []
     log_paths: list[Path] = []
     try:
         for node in (0, 1):
-            tmp = workdir / f"tmp{node}"
-            tmp.mkdir(parents=True)
-            log_path = workdir / f"node{node}.log"
+            proc, log_path = start_node(workdir, base, node, steps=steps, train_args=train_args)
+            procs.append(proc)
             log_paths.append(log_path)
-            with open(log_path, "wb") as log_file:
-                procs.append(
-                    subprocess.Popen(
-                        [str(BIN / "rtj-launch"), "--", "rtj-train", "--steps", str(steps), *train_args],
-                        env={
-                            **base,
-                            "TMPDIR": str(tmp),
-                            "RTJ_NODE_RANK": str(node),
-                            "RTJ_POD_IP": node_address(node),
-                            "RTJ_PROGRESS_PORT": str(free_port()),
-                        },
-                        stdout=log_file,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,  # one process group per "node", killed as a whole
-                    )
-                )
         deadline = time.monotonic() + timeout
         for proc in procs:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    progress_file = workdir / "progress.jsonl"
-    records = (
-        [json.loads(line) for line in progress_file.read_text().splitlines()]
-        if progress_file.exists()
-        else []
+        kill_nodes(procs)
+    return Run(
+        [p.returncode for p in procs],
+        [p.read_text(errors="replace") for p in log_paths],
+        read_progress(workdir),
     )
-    return Run([p.returncode for p in procs], [p.read_text(errors="replace") for p in log_paths], records)

@@ -45,6 +45,9 @@ PROGRESS_PORT: Final = "RTJ_PROGRESS_PORT"
 # operator to read the final report.
 PROGRESS_LINGER_SECONDS: Final = "RTJ_PROGRESS_LINGER_SECONDS"
 FAULTS: Final = "RTJ_FAULTS"
+TERMINATION_MESSAGE_PATH: Final = "RTJ_TERMINATION_MESSAGE_PATH"
+# Only on the checkpoint-directory init container (rtj-launch --prepare-checkpoint-dir): "<uid>:<gid>".
+CHECKPOINT_DIR_OWNER: Final = "RTJ_CHECKPOINT_DIR_OWNER"
 # User-set (spec.env), not rendered: "direct" makes rtj-launch exec the command without ft_launcher.
 LAUNCH_MODE: Final = "RTJ_LAUNCH_MODE"
 LAUNCH_MODE_DIRECT: Final = "direct"
@@ -80,6 +83,7 @@ CONTRACT_NAMES: Final = (
     PROGRESS_SINK,
     PROGRESS_PORT,
     FAULTS,
+    TERMINATION_MESSAGE_PATH,
 )
 
 ROLE_WORKER: Final = "worker"

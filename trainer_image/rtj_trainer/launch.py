@@ -4,18 +4,23 @@ It turns the environment contract (``rtj_trainer.env``) into an ``ft_launcher`` 
 it as its child, so ft_launcher (NVRx's torchrun) restarts the workers of this node on a crash or a
 missed heartbeat (in-job restart), while ``rtj-launch`` stays for the pod's whole life: it serves
 the pod's progress endpoint (``rtj_trainer.endpoint``: the progress report for the operator, the
-trainer's Prometheus metrics) through every restart, forwards SIGTERM/SIGINT to ft_launcher and
-exits with its exit status. The argv is built by the pure :func:`ft_launcher_argv` and passed as a
-list: nothing the user wrote reaches a shell.
+trainer's Prometheus metrics) through every restart, marks a drain before it forwards SIGTERM
+(:func:`supervise`, ``rtj_trainer.drain``), writes the termination message and exits with
+ft_launcher's status. The argv is built by the pure :func:`ft_launcher_argv` and passed as a list:
+nothing the user wrote reaches a shell.
 
 Rendezvous: worker 0 hosts the c10d store (``is_host=1``), every node dials ``RTJ_RDZV_HOST``
 (``J-worker-0.J.NS.svc``). The name exists only once the headless service publishes worker 0, and a
 local cluster resolves it only in Python, so it is resolved here, with retries, and ft_launcher gets
 an address. With ``RTJ_ROLE=spare`` nothing is launched: the pod holds its node until it is deleted.
+``rtj-launch --prepare-checkpoint-dir`` is the checkpoint-directory init container
+(``rtj_trainer.checkpoint_dir``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import shutil
@@ -25,16 +30,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rtj_trainer import drain
 from rtj_trainer.endpoint import ProgressEndpoint
 from rtj_trainer.env import LAUNCH_MODE, LAUNCH_MODE_DIRECT, ROLE_SPARE, TrainerEnv
 from rtj_trainer.progress import PROGRESS_FILE_ENV
 
 log = logging.getLogger("rtj_trainer.launch")
+
+# The init container's argument (rtj_trainer.checkpoint_dir): no launcher, only the directory.
+PREPARE_CHECKPOINT_DIR = "--prepare-checkpoint-dir"
 
 
 def _fmt_seconds(value: float) -> str:
@@ -145,6 +154,61 @@ def idle_as_spare() -> int:
     return 0
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when rtj-launch dies (it runs in its own session, so a
+    process-group kill of the container would otherwise leave it running)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def supervise(argv: Sequence[str], env: dict[str, str], marker: Path) -> int:
+    """Run ``argv`` (ft_launcher) as a child; on SIGTERM mark the drain first, then forward it.
+
+    The child gets its own session: on a local cluster the kubelet signals the container's whole
+    process group, and ft_launcher must hear of the SIGTERM only after the drain file exists (its
+    workers read it). Returns the exit status for the container.
+    """
+    received: list[int] = []
+    child: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if signum == signal.SIGTERM:
+            marker.touch()
+        received.append(signum)
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child[0].pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    with contextlib.suppress(FileNotFoundError):
+        marker.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        drain.step_file(marker).unlink()
+    child.append(
+        subprocess.Popen(argv, env={**env, drain.DRAIN_FILE_ENV: str(marker)}, start_new_session=True,
+                         preexec_fn=_die_with_parent)  # noqa: PLW1509 - single-threaded here
+    )  # fmt: skip
+    if received:  # a signal that came before the child existed
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child[0].pid, received[0])
+    status = _exit_status(child[0].wait())
+    if signal.SIGTERM in received and status != 0:
+        message = drain.termination_message(marker)
+        log.info("%s", message)
+        drain.write_termination_message(message)
+        if drain.step_file(marker).exists():
+            return drain.DRAINED_EXIT_CODE
+    return status
+
+
 def _cpu_only() -> bool:
     try:
         import torch
@@ -174,27 +238,14 @@ def progress_endpoint(env: TrainerEnv, child_env: dict[str, str]) -> Iterator[Pr
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def supervise(argv: Sequence[str], child_env: Mapping[str, str]) -> int:
-    """Run `argv` as a child, forwarding SIGTERM and SIGINT to it; its exit status (128 + N for a
-    child killed by signal N, as a shell reports it)."""
-    child = subprocess.Popen(list(argv), env=dict(child_env))
-
-    def forward(signum: int, _frame: object) -> None:
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        code = child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return code if code >= 0 else 128 - code
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    """The container's entry point; returns its exit status."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = list(sys.argv[1:] if argv is None else argv)
+    if args == [PREPARE_CHECKPOINT_DIR]:
+        from rtj_trainer import checkpoint_dir
+
+        return checkpoint_dir.main(os.environ)
     if args and args[0] == "--":
         args = args[1:]
     env = TrainerEnv.from_environ(os.environ)
@@ -215,12 +266,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         full = ft_launcher_argv(
             env, rdzv_address=address, command=command, cpu=_cpu_only(), launcher=launcher
         )
-        # ft_launcher's IPC sockets live in TMPDIR; a read-only root filesystem needs it on a volume.
-        child_env.setdefault("TMPDIR", tempfile.gettempdir())
         child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # ft_launcher's IPC sockets and the drain marker live in TMPDIR; a read-only root filesystem
+    # needs it on a volume.
+    child_env.setdefault("TMPDIR", tempfile.gettempdir())
+    marker = Path(child_env["TMPDIR"]) / f"rtj-drain-{os.getpid()}"
     with progress_endpoint(env, child_env) as endpoint:
         log.info("run %s", " ".join(full))
-        code = supervise(full, child_env)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        code = supervise(full, child_env, marker)
         if code == 0 and endpoint is not None and not endpoint.wait_delivered(env.progress_linger_seconds):
             # The operator reads the final report from the endpoint: a finished pod waits for that
             # read (a failed one does not: its replacement matters more than its last report).

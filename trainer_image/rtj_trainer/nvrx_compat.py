@@ -215,13 +215,24 @@ class AsyncWriter:
         self._queue: Any = queue
 
     def start(self) -> None:
-        """Start the writer process now (spawning it takes seconds) instead of in the first save."""
+        """Start the writer process now (spawning it takes seconds) instead of in the first save.
+
+        It starts with SIGTERM blocked and its first request installs the drain-aware handler
+        (``rtj_trainer.drain``): a drain's SIGTERM, which reaches the rank's whole process group,
+        must not kill the writer that saves the drain's checkpoint.
+        """
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+
+        from rtj_trainer import drain
+
         if self._queue.persistent_caller.process is None:
-            self.submit({}, os.devnull)
+            with drain.sigterm_blocked():
+                self._queue.schedule_async_request(AsyncRequest(drain.adopt_writer_process, (), [], {}))
 
     def submit(self, state: Any, path: str) -> None:
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 
+        self.start()
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             torch.cuda.synchronize()
         self._queue.schedule_async_request(AsyncRequest(write_shard_durably, (state, path), [], {}))

@@ -7,7 +7,9 @@ interpreter; the process group (on a fresh store prefix), the FSDP2 model and th
 rebuilt inside it, and the state comes back from memory when every rank holds the same, intact
 step, otherwise from the newest complete checkpoint (``rtj_trainer.checkpoint``). A killed or hung
 rank is ft_launcher's job: the new processes resume from the checkpoint, and the node's persisted
-progress (``rtj_trainer.progress``) tells them which fault they are recovering from.
+progress (``rtj_trainer.progress``) tells them which fault they are recovering from. A drain (the
+pod's SIGTERM, ``rtj_trainer.drain``) ends the step in progress, commits a checkpoint of it on every
+rank and exits.
 
 Ports: ft_launcher's store listens on MASTER_PORT; the process groups' store on MASTER_PORT+1 and
 the wrapper's store on MASTER_PORT+2 (both hosted by rank 0).
@@ -25,11 +27,12 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
+from rtj_trainer import drain as drain_mod
 from rtj_trainer import faults as faults_mod
 from rtj_trainer import node_faults
 from rtj_trainer.checkpoint import CheckpointManager
@@ -139,9 +142,12 @@ class PendingRecovery:
 
 
 class Trainer:
-    def __init__(self, args: argparse.Namespace, env: TrainerEnv) -> None:
+    def __init__(
+        self, args: argparse.Namespace, env: TrainerEnv, drain: drain_mod.DrainRequest | None = None
+    ) -> None:
         self.args = args
         self.env = env
+        self.drain = drain if drain is not None else drain_mod.DrainRequest(None)
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -330,6 +336,9 @@ class Trainer:
             self.memory.useful_seconds += step_seconds
             self.heartbeats.beat()
             force = self._maybe_record_recovery(resumed_step, source)
+            # The final step needs no drain: its checkpoint is committed on the way out anyway.
+            if step + 1 < steps and self.drain.agreed(self.device):
+                self._drain(step + 1, loss_value, step_seconds, call_wrapper)
             self.ckpt.start_writer()
             blocking = 0.0
             if (step + 1) % self.interval == 0 and step + 1 < steps:
@@ -423,6 +432,34 @@ class Trainer:
         if last is not None and (p.last_checkpoint_step is None or last.step >= p.last_checkpoint_step):
             p.last_checkpoint_step, p.last_checkpoint_time = last.step, last.time
 
+    def _drain(self, step: int, loss_value: float, step_seconds: float, call_wrapper: Any) -> NoReturn:
+        """Every rank: save ``step``, wait for its commit, report, exit (``rtj_trainer.drain``)."""
+        if self.rank == 0 or self.drain.requested:
+            log.warning(
+                "rank %d: %s at step %d: saving a checkpoint before exiting",
+                self.rank,
+                "SIGTERM" if self.drain.requested else "a peer's SIGTERM",
+                step,
+            )
+        blocking = 0.0
+        with call_wrapper.atomic() if call_wrapper is not None else contextlib.nullcontext():
+            last = self.ckpt.last_committed
+            if last is None or last.step != step:
+                blocking = self._save(step, loss_value)
+        committed = self.ckpt.wait_committed(step, timeout=self.args.commit_timeout)
+        self.ckpt.poll()
+        self._update_progress(step, step_seconds, blocking, loss_value)
+        if committed:
+            self.drain.record_committed_step(step)
+        self.reporter.report(self.progress, force=True)
+        if self.local_rank == 0:
+            print(f"rtj-drain: rank={self.rank} step={step} committed={committed}", flush=True)
+        self.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Past the wrapper on purpose: an exception would be an in-process restart, not an exit.
+        os._exit(self.drain.exit_code)
+
     def _finish(self, steps: int) -> None:
         """Commit the final checkpoint, then report the run finished."""
         final = self.ckpt.last_committed
@@ -499,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = TrainerEnv.from_environ(os.environ)
     from rtj_trainer.restart import make_wrapper
 
-    trainer = Trainer(args, env)
+    trainer = Trainer(args, env, drain_mod.install_handler())
     wrapper = make_wrapper(
         env,
         store_host=trainer.master_addr,

@@ -94,6 +94,13 @@ docs/security.md explains each rule. Secrets are never read.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
   verbs: ["create"]
+# Opt-in children (spec.disruption.podDisruptionBudget, spec.scheduling.gang.coscheduling).
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["create"]
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create"]
 # The checkpoint claim; deleted explicitly under retentionPolicy Delete.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]

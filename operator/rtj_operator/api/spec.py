@@ -14,7 +14,9 @@ from pydantic import Field, Strict
 from rtj_operator import constants
 from rtj_operator.api.corev1 import (
     LABEL_VALUE_PATTERN,
+    QUALIFIED_NAME_LONG_PREFIX,
     AbsolutePath,
+    DnsLabel,
     EnvVar,
     Image,
     LabelValue,
@@ -23,10 +25,13 @@ from rtj_operator.api.corev1 import (
     NodeSelectorTerm,
     OptionalName,
     PositiveQuantity,
+    QualifiedName,
     Toleration,
     Volume,
     VolumeMount,
+    cel_string,
     keys_are_qualified_names,
+    matches,
 )
 from rtj_operator.api.schema import ApiModel, CelRule, Flag, Immutable, Int32, Int64
 
@@ -59,6 +64,12 @@ HugePages2Mi = Annotated[
 ]
 FileSystemId = Annotated[str, Strict(), Field(max_length=32, pattern=r"^fs-[0-9a-f]{8,17}$")]
 MountName = Annotated[str, Strict(), Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+$")]
+# An AWS availability zone name (us-east-1a, us-gov-west-1b, use1-az1 is a zone id, not a name).
+AvailabilityZone = Annotated[str, Strict(), Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)]
+ZONE_LABEL: str = constants.LABEL_ZONE
+# Time for a drain: finish the step, write this node's shards to the volume, wait for the commit.
+DEFAULT_TERMINATION_GRACE_SECONDS: int = 180
+DEFAULT_COSCHEDULING_SCHEDULER: str = "scheduler-plugins-scheduler"
 
 
 class ImagePullPolicy(enum.StrEnum):
@@ -124,10 +135,70 @@ class ResourceOverrides(ApiModel):
     )
 
 
+class KueueAdmission(ApiModel):
+    """Admission through Kueue's plain-pod integration, the pods forming one Kueue pod group."""
+
+    queue_name: DnsLabel = Field(
+        description="queueName is the Kueue LocalQueue in the job's namespace (the pods' "
+        "kueue.x-k8s.io/queue-name label). Required."
+    )
+
+
+class CoschedulingAdmission(ApiModel):
+    """A scheduler-plugins coscheduling PodGroup (scheduling.x-k8s.io/v1alpha1), owned by the job."""
+
+    scheduler_name: DnsLabel = Field(
+        default=DEFAULT_COSCHEDULING_SCHEDULER,
+        description="schedulerName is the scheduler that runs the coscheduling plugin (the pods' "
+        f"schedulerName). Optional; default: {DEFAULT_COSCHEDULING_SCHEDULER}.",
+    )
+    schedule_timeout_seconds: Int32 = Field(
+        default=600,
+        ge=1,
+        le=86400,
+        description="scheduleTimeoutSeconds is how long the group's pods wait for all of them to fit "
+        "before the plugin rejects the group (it retries later). Optional; default: 600.",
+    )
+
+
+class GangScheduling(ApiModel):
+    """All-or-nothing admission of the job's pods: exactly one of the options."""
+
+    cel_rules = (
+        CelRule(
+            rule="has(self.kueue) != has(self.coscheduling)",
+            message="exactly one of kueue, coscheduling must be set",
+            check=lambda s: (s.kueue is None) != (s.coscheduling is None),
+        ),
+    )
+
+    kueue: KueueAdmission | None = Field(
+        default=None,
+        description="kueue queues the pods as one Kueue pod group (kueue.x-k8s.io/pod-group-name, "
+        "kueue.x-k8s.io/pod-group-total-count: workers plus spares). Optional; one of two.",
+    )
+    coscheduling: CoschedulingAdmission | None = Field(
+        default=None,
+        description="coscheduling creates a PodGroup with minMember = nodes and labels the pods "
+        "scheduling.x-k8s.io/pod-group. Optional; one of two.",
+    )
+
+
 class SchedulingSpec(ApiModel):
     """Where the job's pods may run, in addition to the instance-type affinity the operator renders."""
 
-    cel_rules = (keys_are_qualified_names("nodeSelector", "node_selector"),)
+    cel_rules = (
+        keys_are_qualified_names("nodeSelector", "node_selector"),
+        CelRule(
+            rule=(
+                "!has(self.sameTopology) || "
+                f"self.sameTopology.all(k, !k.matches({cel_string(QUALIFIED_NAME_LONG_PREFIX)}))"
+            ),
+            message="every key of sameTopology must be a qualified name (its prefix at most 253 characters)",
+            check=lambda s: not any(matches(QUALIFIED_NAME_LONG_PREFIX, k) for k in s.same_topology),
+            field_path=".sameTopology",
+        ),
+    )
 
     node_selector: dict[MapKey, LabelValue] = Field(
         default_factory=dict,
@@ -154,6 +225,22 @@ class SchedulingSpec(ApiModel):
     priority_class_name: OptionalName | None = Field(
         default=None, description="priorityClassName is the pods' PriorityClass (a DNS subdomain). Optional."
     )
+    same_topology: list[QualifiedName] = Field(
+        default_factory=lambda: [ZONE_LABEL],
+        max_length=4,
+        description=(
+            "sameTopology lists node label keys whose value all of the job's pods share (required pod "
+            "affinity among the job's pods, one term per key): the scheduler places the first pod, the "
+            f"others follow. Default: [{ZONE_LABEL}], since EFA and an FSx for Lustre file system do "
+            "not cross availability zones; add a node-group or placement-group label to keep EFA "
+            "traffic within one; [] for none. Optional."
+        ),
+    )
+    gang: GangScheduling | None = Field(
+        default=None,
+        description="gang admits the job's pods all together or not at all: through Kueue or the "
+        "scheduler-plugins coscheduling plugin. Optional; default: none.",
+    )
 
 
 class RendezvousSpec(ApiModel):
@@ -178,6 +265,14 @@ class FsxStaticStorage(ApiModel):
     capacity: PositiveQuantity = Field(
         default="1200Gi",
         description="capacity is the volume's size (a positive quantity). Optional; default: 1200Gi.",
+    )
+    availability_zone: AvailabilityZone | None = Field(
+        default=None,
+        description=(
+            "availabilityZone is the file system's availability zone (e.g. us-east-1a): the "
+            f"PersistentVolume's node affinity and every pod's require it ({ZONE_LABEL}). Optional; "
+            "default: the scheduler chooses (see scheduling.sameTopology)."
+        ),
     )
 
 
@@ -258,6 +353,16 @@ class CheckpointSpec(ApiModel):
         description=(
             "retentionPolicy is what deleting the job does to the checkpoint claim: Retain keeps it, Delete "
             "removes it with the job. Optional; default: Retain."
+        ),
+    )
+    prepare_directory: Flag = Field(
+        default=True,
+        description=(
+            "prepareDirectory renders an init container that creates <mountPath>/<job name> owned by the "
+            f"trainer's user ({constants.TRAINER_UID}:{constants.TRAINER_GID}), running as root with "
+            "CAP_CHOWN and CAP_FOWNER only: a fresh FSx for Lustre file system's root belongs to root and "
+            "its CSI driver ignores fsGroup. Set false where an admission policy forbids root containers "
+            "and the directory is prepared otherwise. Optional; default: true."
         ),
     )
     storage: Annotated[StorageSpec, Immutable()] = Field(
@@ -498,6 +603,37 @@ class FaultBudget(ApiModel):
     )
 
 
+class PodDisruptionBudgetSpec(ApiModel):
+    """A PodDisruptionBudget over the job's worker pods."""
+
+    max_unavailable: Int32 = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description=(
+            "maxUnavailable is how many workers voluntary evictions (node drains, Karpenter consolidation) "
+            "may take at once; 0 blocks them until the job ends or the budget is removed. Optional; "
+            "default: 0."
+        ),
+    )
+
+
+class DisruptionSpec(ApiModel):
+    """How the job meets voluntary disruptions: drains, consolidation, preemption."""
+
+    do_not_disrupt: Flag = Field(
+        default=False,
+        description='doNotDisrupt annotates the worker pods karpenter.sh/do-not-disrupt: "true", so '
+        "Karpenter does not consolidate or expire their nodes. Optional; default: false.",
+    )
+    pod_disruption_budget: PodDisruptionBudgetSpec | None = Field(
+        default=None,
+        description="podDisruptionBudget makes the operator create a PodDisruptionBudget over the workers "
+        "(owned by the job). Optional; default: none (a drain evicts workers, and each saves a checkpoint "
+        "on SIGTERM).",
+    )
+
+
 class FailurePolicy(ApiModel):
     """What the operator does when pods or nodes fail."""
 
@@ -735,7 +871,13 @@ class ResilientTrainingJobSpec(ApiModel):
     )
     scheduling: SchedulingSpec = Field(
         default_factory=SchedulingSpec,
-        description="scheduling adds node selection, tolerations and a priority class. Optional.",
+        description="scheduling adds node selection, tolerations, a priority class, co-location and gang "
+        "admission. Optional.",
+    )
+    disruption: DisruptionSpec = Field(
+        default_factory=DisruptionSpec,
+        description="disruption configures the do-not-disrupt annotation and a PodDisruptionBudget. "
+        "Optional.",
     )
     rendezvous: Annotated[RendezvousSpec, Immutable()] = Field(
         default_factory=RendezvousSpec,
@@ -766,11 +908,12 @@ class ResilientTrainingJobSpec(ApiModel):
         "Optional; default: never.",
     )
     termination_grace_period_seconds: Int64 = Field(
-        default=30,
+        default=DEFAULT_TERMINATION_GRACE_SECONDS,
         ge=0,
         le=3600,
-        description="terminationGracePeriodSeconds is the pods' grace period on deletion (time to finish an "
-        "asynchronous checkpoint). Optional; default: 30.",
+        description="terminationGracePeriodSeconds is the pods' grace period on deletion: on SIGTERM each "
+        "worker finishes its step and commits a checkpoint of it within this time (a drain), then exits. "
+        f"Optional; default: {DEFAULT_TERMINATION_GRACE_SECONDS}.",
     )
     env: list[EnvVar] = Field(
         default_factory=list,

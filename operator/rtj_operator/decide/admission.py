@@ -1,10 +1,10 @@
 """Admission: children the API server refused, and when to try creating them again.
 
-A create refused with 400, 403 or 422 (an invalid object, a ResourceQuota, an admission policy, Pod
-Security) is refused again until something changes. `rtj_operator.runtime.kube` reports it as a
-`Refusal`; `record_refusal` turns it, in the same pass, into `Blocked=True` with reason
-`QuotaExceeded` (a ResourceQuota refused it) or `ChildRejected`, the API server's own message, and
-a Warning Event (only when the condition is new or says something new).
+A create refused with 400, 403, 404 or 422 (an invalid object, a ResourceQuota, an admission
+policy, Pod Security, a kind the cluster does not serve) is refused again until something changes.
+`rtj_operator.runtime.kube` reports it as a `Refusal`; `record_refusal` turns it, in the same pass,
+into `Blocked=True` with reason `QuotaExceeded` (a ResourceQuota refused it) or `ChildRejected`, the
+API server's own message, and a Warning Event (only when the condition is new or says something new).
 
 While that condition stands for the job's current generation, `hold_creates` drops the pass's
 creates: they are tried again when the spec changes (a new generation) or `REFUSAL_RECHECK_SECONDS`
@@ -29,8 +29,9 @@ from rtj_operator.progress import parse_time
 REFUSAL_RECHECK_SECONDS = 300.0
 # The API server's message is kept whole up to this many characters (a condition is not a log).
 MAX_MESSAGE_CHARS = 1024
-# HTTP statuses of a create that the same request will meet again: not retried with backoff.
-PERMANENT_CODES = frozenset({400, 403, 422})
+# HTTP statuses of a create that the same request will meet again: not retried with backoff. 404: the
+# cluster does not serve the kind (an opt-in PodGroup without the scheduler-plugins CRD installed).
+PERMANENT_CODES = frozenset({400, 403, 404, 422})
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ log on: every rule must be used), so any new call added here must add its
 
 Synchronous on purpose: the official client is synchronous; `runtime` runs these calls in worker
 threads. Creates treat 409 AlreadyExists as success and deletes treat 404 NotFound as success, which
-makes every action safe to repeat. A create refused for good (400, 403, 422) raises `RefusedError`
+makes every action safe to repeat. A create refused for good (400, 403, 404, 422) raises `RefusedError`
 with the API server's message (`decide.admission` turns it into a condition); 429 and 5xx stay
 transient errors that the work queue retries.
 
@@ -48,6 +48,8 @@ from rtj_operator.decide import (
 logger = logging.getLogger(__name__)
 
 COORDINATION_GROUP: Final = "coordination.k8s.io"
+POLICY_GROUP: Final = "policy"
+COSCHEDULING_GROUP, COSCHEDULING_VERSION = constants.COSCHEDULING_API_VERSION.split("/")
 
 # (group, resource, verb) for everything the operator does, its own calls and kopf's.
 REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
@@ -78,6 +80,9 @@ REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
         ("", "persistentvolumeclaims", "delete"),
         ("", "persistentvolumes", "create"),
         ("", "persistentvolumes", "delete"),
+        # Opt-in children: the workers' PodDisruptionBudget, the coscheduling PodGroup.
+        (POLICY_GROUP, "poddisruptionbudgets", "create"),
+        (COSCHEDULING_GROUP, "podgroups", "create"),
         # Events, posted by kopf's event poster for the operator, and the milestone Events the
         # operator posts itself under names of their own.
         ("", "events", "create"),
@@ -157,6 +162,8 @@ RESOURCES: Final[dict[str, Resource]] = {
     "PersistentVolumeClaim": Resource("", "v1", "persistentvolumeclaims", True),
     "PersistentVolume": Resource("", "v1", "persistentvolumes", False),
     "Node": Resource("", "v1", "nodes", False),
+    "PodDisruptionBudget": Resource(POLICY_GROUP, "v1", "poddisruptionbudgets", True),
+    "PodGroup": Resource(COSCHEDULING_GROUP, COSCHEDULING_VERSION, "podgroups", True),
     "Lease": Resource(COORDINATION_GROUP, "v1", "leases", True),
     "Event": Resource("", "v1", "events", True),
     constants.KIND: Resource(constants.GROUP, constants.VERSION, constants.PLURAL, True),
@@ -168,7 +175,7 @@ class ConflictError(Exception):
 
 
 class RefusedError(Exception):
-    """The API server refused a create for good (400, 403, 422): retrying the same request is useless."""
+    """The API server refused a create for good (400, 403, 404, 422): retrying the same request is useless."""
 
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(refusal.describe())
