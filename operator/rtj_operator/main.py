@@ -337,6 +337,7 @@ async def run_operator(  # noqa: PLR0913 - keyword-only flags, each named by its
             ctx.elector.kube.close()
         if health is not None:
             await health.cleanup()
+        await asyncio.sleep(0.2)  # closing TLS connections finish their shutdown before the loop ends
     if failed:
         logger.error("the operator stopped: %s", ", ".join(failed))
         return EXIT_LOST
