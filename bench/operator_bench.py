@@ -71,7 +71,7 @@ class Writes:
 
     def _watch(self) -> None:
         path = f"/apis/{constants.GROUP}/{constants.VERSION}/namespaces/{NAMESPACE}/{constants.PLURAL}"
-        version = self.kube._call("GET", path)["metadata"]["resourceVersion"]
+        version = self.kube.request("GET", path)["metadata"]["resourceVersion"]
         client = self.kube.api_client
         while not self._stop.is_set():
             method, url, headers, _, _ = client.param_serialize(
@@ -105,7 +105,7 @@ def children_done(kube: Kube, name: str, nodes: int) -> bool:
         ("serviceaccounts", f"{name}-trainer"),
     ]:
         try:
-            kube._call("GET", f"/api/v1/namespaces/{NAMESPACE}/{kind}/{child}")
+            kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/{kind}/{child}")
         except Exception:
             return False
     return True
@@ -139,9 +139,9 @@ def register_stand_in_nodes(kube: Kube, count: int) -> None:
     """``count`` Ready `cpu` Nodes that no kubelet runs: pods bound to them never start."""
     for index in range(count):
         name = f"stand-in-{index}"
-        kube._call("POST", "/api/v1/nodes", body=node_object(name, PROFILES["cpu"]))
+        kube.request("POST", "/api/v1/nodes", body=node_object(name, PROFILES["cpu"]))
         status = node_status(PROFILES["cpu"], host_ip="127.0.0.1", kubelet_port=1)
-        kube._call(
+        kube.request(
             "PATCH",
             f"/api/v1/nodes/{name}/status",
             body={"status": status},
@@ -224,7 +224,9 @@ def main() -> int:
         deadline = time.monotonic() + 1800
         total = args.jobs_for_memory
         while time.monotonic() < deadline:
-            pods = kube._call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods", query=[("limit", 5000)])["items"]
+            pods = kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods", query=[("limit", 5000)])[
+                "items"
+            ]
             if len(pods) >= 1 + 16 + 64 + 800 + (total - 103):
                 break
             time.sleep(2)

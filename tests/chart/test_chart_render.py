@@ -73,7 +73,7 @@ def test_every_object_has_the_standard_labels_and_a_namespace_when_namespaced(va
             assert obj["metadata"].get("namespace"), f"{obj['kind']} has no explicit namespace"
 
 
-def test_default_install_runs_one_restricted_operator_for_all_namespaces() -> None:
+def test_default_install_runs_two_restricted_operators_for_all_namespaces() -> None:
     objects = render()
     kinds = sorted(obj["kind"] for obj in objects)
     assert kinds == [
@@ -83,14 +83,26 @@ def test_default_install_runs_one_restricted_operator_for_all_namespaces() -> No
         "ClusterRoleBinding",
         "Deployment",
         "NetworkPolicy",
+        "PodDisruptionBudget",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
     deployment = one(objects, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    # Two replicas, one elected; rolled one at a time, never below one running.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]["spec"]
+    spread = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert spread["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["podAffinityTerm"]["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    budget = one(objects, "PodDisruptionBudget")
+    assert budget["spec"] == {"minAvailable": 1, "selector": spec["selector"]}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert (
         isinstance(pod["securityContext"]["runAsUser"], int) and pod["securityContext"]["runAsUser"] >= 10000
@@ -101,12 +113,23 @@ def test_default_install_runs_one_restricted_operator_for_all_namespaces() -> No
     assert container["image"] == "ghcr.io/resilient-training/rtj-operator:0.1.0"
     # A tag can move, so every start checks the registry; a digest cannot (see the namespaced test).
     assert container["imagePullPolicy"] == "Always"
-    assert container["args"][:3] == [
+    assert container["args"][:12] == [
         "--all-namespaces",
         "--liveness=http://0.0.0.0:8080/healthz",
+        "--api-read-timeout-seconds=10",
+        "--watch-inactivity-seconds=15",
+        "--api-stale-seconds=60",
+        "--api-fatal-failures=5",
+        "--leader-elect",
+        "--leader-election-lease=rtj-resilient-training-operator-leader",
+        "--lease-duration-seconds=10",
+        "--renew-deadline-seconds=7",
+        "--retry-period-seconds=2",
         "--metrics-port=9090",
     ]
-    (node_health,) = container["args"][3:]
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    (node_health,) = container["args"][12:]
     assert node_health.startswith("--node-health={")
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
@@ -129,8 +152,13 @@ def test_default_install_runs_one_restricted_operator_for_all_namespaces() -> No
 def test_namespaced_example_grants_per_namespace_roles_and_watches_only_those() -> None:
     values = load_values(CHART / "ci" / "namespaced-values.yaml")
     objects = render(values)
-    roles = objects_of(objects, "Role")
-    bindings = objects_of(objects, "RoleBinding")
+    # The Lease's Role in the operator's own namespace is not a jobs' Role.
+    roles = [r for r in objects_of(objects, "Role") if not r["metadata"]["name"].endswith("-leader-election")]
+    bindings = [
+        b
+        for b in objects_of(objects, "RoleBinding")
+        if not b["metadata"]["name"].endswith("-leader-election")
+    ]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
@@ -201,6 +229,16 @@ def test_minimal_example_has_no_metrics_objects_and_uses_the_named_service_accou
     assert not any(arg.startswith("--metrics-port") for arg in pod["containers"][0]["args"])
     for binding in objects_of(objects, "ClusterRoleBinding"):
         assert binding["subjects"][0]["name"] == "rtj-operator"
+
+
+def test_without_leader_election_one_replica_is_recreated_and_more_are_refused() -> None:
+    objects = render({"leaderElection": {"enabled": False}, "replicaCount": 1})
+    spec = one(objects, "Deployment")["spec"]
+    assert (spec["replicas"], spec["strategy"]) == (1, {"type": "Recreate"})
+    assert objects_of(objects, "PodDisruptionBudget") == [] and objects_of(objects, "Role") == []
+    assert "--leader-elect" not in spec["template"]["spec"]["containers"][0]["args"]
+    with pytest.raises(Exception, match=r"replicaCount > 1 needs leaderElection\.enabled"):
+        render({"leaderElection": {"enabled": False}})
 
 
 def test_node_patch_is_granted_only_when_tainting_is_enabled() -> None:

@@ -102,8 +102,10 @@ def test_helm_install_creates_the_operator_and_its_rbac_and_uninstall_keeps_the_
     assert crd["spec"]["names"]["kind"] == "ResilientTrainingJob"
 
     deployment = get_json(kubeconfig, "deployment", fullname, "-n", namespace)
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    budget = get_json(kubeconfig, "poddisruptionbudget", fullname, "-n", namespace)
+    assert budget["spec"]["minAvailable"] == 1
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == fullname
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
@@ -124,7 +126,9 @@ def test_helm_install_creates_the_operator_and_its_rbac_and_uninstall_keeps_the_
             assert stored["subjects"] == [
                 {"kind": "ServiceAccount", "name": fullname, "namespace": namespace}
             ]
-    kinds = sorted(kind for kind, _, _ in rendered)
+    # The Lease's Role and RoleBinding live in the release namespace in both modes.
+    assert exists(kubeconfig, "role", f"{fullname}-leader-election", "-n", namespace)
+    kinds = sorted(kind for kind, _, name in rendered if not name.endswith("-leader-election"))
     if mode == "watched-namespace":
         assert kinds == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
         assert exists(kubeconfig, "role", fullname, "-n", watched)

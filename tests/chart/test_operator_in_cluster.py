@@ -90,7 +90,10 @@ def installed(local_cluster: LocalCluster, tmp_path: Path) -> Iterator[Installed
     namespace = create_namespace(kubeconfig, "rtj-system", labels=RESTRICTED)
     team = create_namespace(kubeconfig, "team")
     config = helm.Config(kubeconfig_path=kubeconfig, namespace=namespace, storage_driver="secret")
-    values = {"operator": {"healthPort": free_port()}, "metrics": {"port": free_port()}}
+    # One replica (with leader election, as installed by default): the local cluster's pods share
+    # the host's ports, so two replicas would clash on them. Two replicas are tested as processes
+    # in tests/operator/test_operator_ha.py.
+    values = {"replicaCount": 1, "operator": {"healthPort": free_port()}, "metrics": {"port": free_port()}}
     try:
         result = config.install(CHART, RELEASE, values, namespace=namespace, timeout=120)
         assert result["status"] == "deployed"

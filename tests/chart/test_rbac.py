@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from chart_support import NAMESPACE, RELEASE, render
+from rtj_operator.runtime.kube import LEADER_ELECTION_PERMISSIONS
 
 # (API group, resource, verb); "" is the core group.
 Permission = tuple[str, str, str]
@@ -128,7 +129,7 @@ def test_nothing_beyond_the_operator_needs_and_kopf_allowlist_is_granted(mode: s
     values = MODES[mode]
     needed = {p for p in required_permissions() | KOPF_ALLOWLIST if enabled(p, values)}
     for scope, permissions in grants(render(values)).items():
-        extra = permissions - needed
+        extra = permissions - needed - (LEADER_ELECTION_PERMISSIONS if scope == NAMESPACE else set())
         assert not extra, f"{scope}: granted but never used: {sorted(extra)}"
         for group, resource, verb in permissions:
             assert "*" not in (group, resource), (group, resource, verb)
@@ -141,9 +142,22 @@ def test_nothing_beyond_the_operator_needs_and_kopf_allowlist_is_granted(mode: s
 
 def test_watched_namespaces_get_nothing_cluster_wide_but_cluster_scoped_kinds() -> None:
     granted = grants(render(MODES["watched-namespaces"]))
-    assert set(granted) == {"*", "team-a", "team-b"}
+    assert set(granted) == {"*", "team-a", "team-b", NAMESPACE}
+    assert granted[NAMESPACE] == LEADER_ELECTION_PERMISSIONS
     assert {(g, r) for g, r, _ in granted["*"]} <= CLUSTER_SCOPED
     assert granted["team-a"] == granted["team-b"]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_leader_election_gets_its_lease_only_in_the_operator_namespace(mode: str) -> None:
+    granted = grants(render(MODES[mode]))
+    assert granted[NAMESPACE] >= LEADER_ELECTION_PERMISSIONS
+    for scope, permissions in granted.items():
+        if scope != NAMESPACE:
+            assert not {r for _, r, _ in permissions} & {"leases"}, scope
+    assert NAMESPACE not in grants(
+        render({**MODES[mode], "leaderElection": {"enabled": False}, "replicaCount": 1})
+    )
 
 
 def test_without_allowed_file_systems_the_operator_cannot_touch_persistent_volumes() -> None:

@@ -39,6 +39,10 @@ app.kubernetes.io/part-of: resilient-training-operator
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{- define "rtj.leaseName" -}}
+{{- default (printf "%s-leader" (include "rtj.fullname" .)) .Values.leaderElection.leaseName | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "rtj.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "rtj.fullname" .) .Values.serviceAccount.name }}

@@ -31,6 +31,8 @@ The modules, in reading order:
 - `admission`: children the API server refused; creates held until the spec changes or a recheck.
 - `capacity`: whether enough nodes could ever hold a worker; no pod is created until they do.
 - `conditions`: conditions and the state derived from them.
+- `milestones`: the once-per-job Events, posted under names of their own and re-posted after a
+  restart when status says they are due (an Event a crash lost comes back).
 """
 
 from rtj_operator.decide.actions import (

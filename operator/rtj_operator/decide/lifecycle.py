@@ -21,6 +21,7 @@ from typing import Any
 from rtj_operator import constants, events, render
 from rtj_operator.api import EntryState
 from rtj_operator.decide import conditions as cond
+from rtj_operator.decide import milestones
 from rtj_operator.decide.actions import Action, CreateObject, DeleteJob, DeleteObject, Event, TaintNode
 from rtj_operator.decide.state import SPARE, WORKER, PassState
 from rtj_operator.observe import JobView
@@ -59,11 +60,8 @@ def mark_started(run: PassState, first_start: bool) -> None:
     """The first pass that created pods sets startTime and says so."""
     if run.created_pods and first_start:
         run.start_time = format_time(run.now)
-        run.event(
-            events.NORMAL,
-            events.CHILDREN_CREATED,
-            f"created {run.job.nodes} workers, {run.job.hot_spares} spares",
-        )
+        created = milestones.children_created(run.job.nodes, run.job.hot_spares)
+        run.event(created.type, created.reason, created.message)
 
 
 def ensure_base(run: PassState) -> None:

@@ -2,7 +2,9 @@
 
 `handlers` fills the indexes (kopf's, kept here so that passes started outside a handler, such as a
 requeue wake-up, can read them); `passes` reads them and the API client; `queue` runs the passes.
-`passes.new_context` builds one with its queue wired to the passes.
+`sight` records whether the API server answers (the liveness endpoint reads it); `elector`, when
+leader election is on, says whether this replica may act (`acting`). `passes.new_context` builds
+one with its queue wired to the passes.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from rtj_operator import events
 from rtj_operator.fsx_policy import FsxAllowList
 from rtj_operator.nodehealth import NodeHealth
 from rtj_operator.runtime.kube import Kube
+from rtj_operator.runtime.leader import LeaderElector
 from rtj_operator.runtime.queue import JobKey, WorkQueue
 from rtj_operator.runtime.scrape import ProgressScraper
+from rtj_operator.runtime.sight import ApiSight
 
 
 @dataclass
@@ -27,6 +31,10 @@ class OperatorContext:
 
     kube: Kube
     metrics_port: int | None = None
+    sight: ApiSight = field(default_factory=ApiSight)
+    elector: LeaderElector | None = None
+    # kopf's watch settings (see handlers.configure): how long a silent watch is trusted.
+    watch_inactivity_seconds: float = 15.0
     # Which signals beyond Ready make a worker's node unfit (the operator's --node-health setting).
     node_health: NodeHealth = field(default_factory=NodeHealth)
     # The FSx file systems each namespace's jobs may mount (`--allow-fsx`; empty: none).
@@ -42,6 +50,10 @@ class OperatorContext:
     # kopf copies the memo into each handler's kwargs; it must behave like a kopf.Memo (a dict-like).
     def __copy__(self) -> OperatorContext:
         return self
+
+    def acting(self) -> bool:
+        """Whether this replica may write: always without leader election, else while it leads."""
+        return self.elector is None or self.elector.holds()
 
     def job_body(self, key: JobKey) -> dict[str, Any] | None:
         """The job as last indexed, or None."""

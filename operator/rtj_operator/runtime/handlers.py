@@ -64,13 +64,21 @@ def configure(**kwargs: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=constants.GROUP, key="last-handled-configuration"
     )
-    # Ask the API server to end every watch after 5 minutes and give up on a silent connection
-    # after 6: a watch that silently died (a dropped TCP connection, a restarted API server
-    # behind a load balancer) would otherwise leave the operator blind to node losses. kopf
-    # re-lists and re-watches from the last resourceVersion, so the cost is one request.
+    # Ask the API server to end every watch after 5 minutes, and end it ourselves after 5.5. A
+    # watch that stays silent for `watch_inactivity_seconds` is dropped with its connection and
+    # started again from the last resourceVersion (one request, no re-list): a connection that a
+    # network fault froze silently (a dead NAT or load-balancer entry, a stalled proxy) would
+    # otherwise blind the operator to node losses until the kernel or the timeouts above noticed
+    # (kopf's default is 70 s; the API server's bookmarks come only about once a minute, so a quiet
+    # watch is re-made every `watch_inactivity_seconds`, which costs little).
     settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 360
-    settings.watching.connect_timeout = 10
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 5
+    settings.watching.inactivity_timeout = memo.watch_inactivity_seconds
+    # kopf's own short requests (finalizer and annotation patches, Events, the initial lists): a
+    # request stuck on a frozen connection fails after this and kopf retries it on a new one.
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 5
     # Only the operator's own Events (posted with kopf.event) and warnings from kopf reach the
     # API: kopf's per-handler "succeeded" messages would be writes for idle jobs.
     settings.posting.level = logging.WARNING
@@ -105,15 +113,22 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo:
 # -- indexes --
 
 
+# kopf calls the index functions on every watch event (and on the initial listing): each is a sign
+# that the API server is heard (see sight.ApiSight).
+
+
 def jobs_index(**kwargs: Any) -> Any:
+    kwargs["memo"].sight.watch_event()
     return {(kwargs["namespace"], kwargs["name"]): passes.plain(kwargs["body"])}
 
 
 def pods_index(**kwargs: Any) -> Any:
+    kwargs["memo"].sight.watch_event()
     return {(kwargs["namespace"], kwargs["labels"][constants.LABEL_JOB]): passes.plain(kwargs["body"])}
 
 
 def nodes_index(**kwargs: Any) -> Any:
+    kwargs["memo"].sight.watch_event()
     return {kwargs["name"]: passes.plain(kwargs["body"])}
 
 

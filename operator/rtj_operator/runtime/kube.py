@@ -12,17 +12,26 @@ threads. Creates treat 409 AlreadyExists as success and deletes treat 404 NotFou
 makes every action safe to repeat. A create refused for good (400, 403, 404, 422) raises `RefusedError`
 with the API server's message (`decide.admission` turns it into a condition); 429 and 5xx stay
 transient errors that the work queue retries.
+
+Every call is bounded (`Timeouts`: connect and read timeouts, TCP keepalive on every socket), and a
+call that times out or loses its connection drops the whole connection pool and is tried once more
+on a fresh connection: a pooled keep-alive connection that a network fault froze silently would
+otherwise be picked again and again. Each outcome is reported to `sight.ApiSight` (liveness, and
+the exit on persistent TLS or authentication failures).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol, Self
 
 import kubernetes
+import urllib3
+from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 
 from rtj_operator import constants
 from rtj_operator.decide import (
@@ -38,6 +47,7 @@ from rtj_operator.decide import (
 
 logger = logging.getLogger(__name__)
 
+COORDINATION_GROUP: Final = "coordination.k8s.io"
 POLICY_GROUP: Final = "policy"
 COSCHEDULING_GROUP, COSCHEDULING_VERSION = constants.COSCHEDULING_API_VERSION.split("/")
 
@@ -73,10 +83,55 @@ REQUIRED_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
         # Opt-in children: the workers' PodDisruptionBudget, the coscheduling PodGroup.
         (POLICY_GROUP, "poddisruptionbudgets", "create"),
         (COSCHEDULING_GROUP, "podgroups", "create"),
-        # Events, posted by kopf's event poster for the operator.
+        # Events, posted by kopf's event poster for the operator, and the milestone Events the
+        # operator posts itself under names of their own.
         ("", "events", "create"),
     }
 )
+
+# (group, resource, verb) for leader election, granted only in the operator's own namespace (a Role
+# of the chart): the replicas read, create and renew one Lease there (`runtime.leader`).
+LEADER_ELECTION_PERMISSIONS: Final[frozenset[tuple[str, str, str]]] = frozenset(
+    {
+        (COORDINATION_GROUP, "leases", "get"),
+        (COORDINATION_GROUP, "leases", "create"),
+        (COORDINATION_GROUP, "leases", "update"),
+    }
+)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Bounds on every API call of the operator's own client (seconds).
+
+    A read timeout bounds how long a request may wait for the first byte of the answer (and between
+    bytes); with TCP keepalive, a connection whose peer vanished is found dead by the kernel too.
+    """
+
+    connect_seconds: float = 5.0
+    read_seconds: float = 10.0
+    # TCP keepalive: first probe after this much idle time, then every interval, dead after count.
+    keepalive_idle_seconds: int = 10
+    keepalive_interval_seconds: int = 5
+    keepalive_count: int = 3
+
+
+class CallOutcome(Protocol):
+    """Where `Kube` reports each call's outcome (`sight.ApiSight` is one)."""
+
+    def succeeded(self) -> None:
+        """An API call was answered (any HTTP status but 401)."""
+
+    def failed(self, error: BaseException) -> None:
+        """An API call failed without an answer, or with 401."""
+
+
+class _Unreported:
+    def succeeded(self) -> None:
+        pass
+
+    def failed(self, error: BaseException) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -109,6 +164,8 @@ RESOURCES: Final[dict[str, Resource]] = {
     "Node": Resource("", "v1", "nodes", False),
     "PodDisruptionBudget": Resource(POLICY_GROUP, "v1", "poddisruptionbudgets", True),
     "PodGroup": Resource(COSCHEDULING_GROUP, COSCHEDULING_VERSION, "podgroups", True),
+    "Lease": Resource(COORDINATION_GROUP, "v1", "leases", True),
+    "Event": Resource("", "v1", "events", True),
     constants.KIND: Resource(constants.GROUP, constants.VERSION, constants.PLURAL, True),
 }
 
@@ -151,16 +208,28 @@ def refusal_from(manifest: Mapping[str, Any], error: kubernetes.client.ApiExcept
     )
 
 
-class Kube:
-    """A thin typed wrapper over the official client's REST call, returning plain dicts."""
+class ApiTransport:
+    """The official client's REST call with the operator's bounds: plain dicts in and out."""
 
-    def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient,
+        *,
+        timeouts: Timeouts | None = None,
+        outcome: CallOutcome | None = None,
+    ) -> None:
         self.api_client = api_client
+        self.timeouts = timeouts or Timeouts()
+        self.outcome: CallOutcome = outcome or _Unreported()
         # API writes made, by verb: the benchmark reads them (writes per job, writes while idle).
         self.writes: dict[str, int] = {}
+        # Creates sent, by kind, never reset: the tests count them (no create of a known child).
+        self.creates: dict[str, int] = {}
 
     @classmethod
-    def from_kubeconfig(cls, path: str | None = None) -> Kube:
+    def from_kubeconfig(
+        cls, path: str | None = None, *, timeouts: Timeouts | None = None, outcome: CallOutcome | None = None
+    ) -> Self:
         """From a kubeconfig file, else the in-cluster service account, else the default kubeconfig."""
         configuration = kubernetes.client.Configuration()
         config: Any = kubernetes.config  # the loaders are untyped
@@ -171,7 +240,27 @@ class Kube:
                 config.load_incluster_config(client_configuration=configuration)
             except config.ConfigException:
                 config.load_kube_config(client_configuration=configuration)
-        return cls(kubernetes.client.ApiClient(configuration))
+        return cls.from_configuration(configuration, timeouts=timeouts, outcome=outcome)
+
+    @classmethod
+    def from_configuration(
+        cls,
+        configuration: kubernetes.client.Configuration,
+        *,
+        timeouts: Timeouts | None = None,
+        outcome: CallOutcome | None = None,
+    ) -> Self:
+        """A client with its own connection pool (keepalive on, urllib3's own retries off: `request`
+        retries itself, on a fresh pool)."""
+        timeouts = timeouts or Timeouts()
+        own = copy.copy(configuration)
+        own.socket_options = tcp_keepalive_socket_options(
+            idle=timeouts.keepalive_idle_seconds,
+            interval=timeouts.keepalive_interval_seconds,
+            count=timeouts.keepalive_count,
+        )
+        own.retries = False
+        return cls(kubernetes.client.ApiClient(own), timeouts=timeouts, outcome=outcome)
 
     @property
     def configuration(self) -> kubernetes.client.Configuration:
@@ -182,7 +271,12 @@ class Kube:
         client: Any = self.api_client
         client.close()
 
-    def _call(
+    def drop_connections(self) -> None:
+        """Close every pooled connection: the next call dials afresh."""
+        rest: Any = self.api_client.rest_client
+        rest.pool_manager.clear()
+
+    def request(  # noqa: PLR0913 - keyword-only request options
         self,
         method: str,
         path: str,
@@ -190,9 +284,44 @@ class Kube:
         body: Any = None,
         query: list[tuple[str, Any]] | None = None,
         content_type: str = "application/json",
+        read_seconds: float | None = None,
+        attempts: int = 2,
     ) -> dict[str, Any]:
+        """One request; on a timeout or a lost connection, the pool is dropped and the request sent
+        again, up to `attempts` times (every request the operator makes is safe to repeat)."""
         if method != "GET":
             self.writes[method] = self.writes.get(method, 0) + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._send(
+                    method, path, body=body, query=query, content_type=content_type, read_seconds=read_seconds
+                )
+            except kubernetes.client.ApiException as error:
+                if error.status != 0:  # an answer of the API server (401 is reported in _send)
+                    raise
+                # No answer: the client's own wrapping of a TLS failure (status 0).
+                self.outcome.failed(error)
+                self.drop_connections()
+                if attempt == attempts:
+                    raise
+            except (urllib3.exceptions.HTTPError, OSError) as error:
+                self.outcome.failed(error)
+                self.drop_connections()
+                if attempt == attempts:
+                    raise
+                logger.warning("%s %s: %r; retrying on a new connection", method, path, error)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _send(  # noqa: PLR0913 - keyword-only request options, as request's
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any,
+        query: list[tuple[str, Any]] | None,
+        content_type: str,
+        read_seconds: float | None,
+    ) -> dict[str, Any]:
         method, url, headers, serialized, _ = self.api_client.param_serialize(
             method,
             path,
@@ -201,22 +330,37 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
+        timeout = (self.timeouts.connect_seconds, read_seconds or self.timeouts.read_seconds)
         response = self.api_client.call_api(
-            method, url, header_params=headers, body=serialized, _request_timeout=(10, 60)
+            method, url, header_params=headers, body=serialized, _request_timeout=timeout
         )
         data: bytes = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:
-            raise kubernetes.client.ApiException(
+            error = kubernetes.client.ApiException(
                 http_resp=response, body=data.decode(errors="replace"), data=None
             )
+            if response.status == 401:
+                self.outcome.failed(error)
+            else:
+                self.outcome.succeeded()
+            raise error
+        self.outcome.succeeded()
         result: dict[str, Any] = json.loads(data) if data else {}
         return result
+
+    def ping(self, read_seconds: float | None = None) -> dict[str, Any]:
+        """The API server's version: the cheapest authenticated call (a health check)."""
+        return self.request("GET", "/version", read_seconds=read_seconds, attempts=1)
+
+
+class Kube(ApiTransport):
+    """Every call of the operator's passes: typed reads and idempotent writes."""
 
     # -- reads --
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._call("GET", RESOURCES[constants.KIND].path(namespace, name))
+            return self.request("GET", RESOURCES[constants.KIND].path(namespace, name))
         except kubernetes.client.ApiException as error:
             if error.status == 404:
                 return None
@@ -224,7 +368,7 @@ class Kube:
 
     def get_node(self, name: str) -> dict[str, Any] | None:
         try:
-            return self._call("GET", RESOURCES["Node"].path(None, name))
+            return self.request("GET", RESOURCES["Node"].path(None, name))
         except kubernetes.client.ApiException as error:
             if error.status == 404:
                 return None
@@ -232,7 +376,7 @@ class Kube:
 
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         path = RESOURCES["Pod"].path(namespace)
-        result = self._call("GET", path, query=[("labelSelector", f"{constants.LABEL_JOB}={job}")])
+        result = self.request("GET", path, query=[("labelSelector", f"{constants.LABEL_JOB}={job}")])
         items: list[dict[str, Any]] = result.get("items") or []
         return items
 
@@ -250,7 +394,7 @@ class Kube:
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
         try:
-            return self._call(
+            return self.request(
                 "PATCH",
                 RESOURCES[constants.KIND].path(namespace, name, "status"),
                 body=body,
@@ -267,10 +411,12 @@ class Kube:
         RefusedError when the API server refuses it for good (invalid, forbidden by a quota or an
         admission policy); other errors (429, 5xx, connection) are raised as they are, to be retried.
         """
-        resource = RESOURCES[str(manifest["kind"])]
+        kind = str(manifest["kind"])
+        resource = RESOURCES[kind]
         namespace = manifest.get("metadata", {}).get("namespace")
+        self.creates[kind] = self.creates.get(kind, 0) + 1
         try:
-            self._call("POST", resource.path(namespace), body=dict(manifest))
+            self.request("POST", resource.path(namespace), body=dict(manifest))
         except kubernetes.client.ApiException as error:
             if error.status == 409:
                 return False
@@ -299,7 +445,7 @@ class Kube:
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
         try:
-            self._call("DELETE", RESOURCES[kind].path(namespace, name), body=body)
+            self.request("DELETE", RESOURCES[kind].path(namespace, name), body=body)
         except kubernetes.client.ApiException as error:
             # 409 on a uid precondition: a newer object of that name exists, which is not ours to delete.
             if error.status in (404, 409):
@@ -312,7 +458,7 @@ class Kube:
         path = RESOURCES["Node"].path(None, node)
         for _ in range(5):
             try:
-                body = self._call("GET", path)
+                body = self.request("GET", path)
             except kubernetes.client.ApiException as error:
                 if error.status == 404:
                     return
@@ -336,7 +482,7 @@ class Kube:
                 "spec": {"taints": taints},
             }
             try:
-                self._call("PATCH", path, body=patch, content_type="application/merge-patch+json")
+                self.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
                 return
             except kubernetes.client.ApiException as error:
                 if error.status != 409:

@@ -6,6 +6,17 @@ fresh and decide again, so that no fault is counted twice and no pod is created 
 writes status (optimistically, with the resourceVersion read), applies the actions and posts the
 Events; a create the API server refuses for good ends the actions and becomes a condition.
 `finalize_job` is the same for a deleted job (the finalizer's work).
+
+With leader election, a replica that no longer leads writes nothing more: every status write and
+every action first checks `OperatorContext.acting` (fencing; see `runtime.leader`). The children
+other than pods (Service, storage, RBAC) are asserted once: a create that succeeded or found the
+child existing is remembered for the job (`known_child`), and later passes skip that create until
+`KNOWN_CHILD_SECONDS` have passed (a child someone deleted is then created again).
+
+Milestone Events (`decide.milestones`: the job's children created, succeeded, budget exhausted) are
+posted under names of their own, and the first pass of each job after the operator starts posts
+again those its status says are due: one lost to a crash between the status write and the post
+appears then, one already posted is answered AlreadyExists.
 """
 
 from __future__ import annotations
@@ -15,13 +26,15 @@ import copy
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
 
-from rtj_operator import decide, events, metrics, nodehealth, observe
+from rtj_operator import constants, decide, events, metrics, nodehealth, observe
+from rtj_operator.decide import milestones
 from rtj_operator.fsx_policy import FsxAllowList
 from rtj_operator.runtime import kube
 from rtj_operator.runtime.context import OperatorContext
@@ -32,6 +45,18 @@ logger = logging.getLogger(__name__)
 
 # What a decision was made from: the plan, the job as seen, and the body it was read from.
 Decided = tuple[decide.Plan, observe.JobView, dict[str, Any]]
+
+# How long a child (not a pod) created or found existing is trusted to exist without a new create.
+KNOWN_CHILD_SECONDS = 600.0
+
+
+class NotLeadingError(Exception):
+    """This replica lost the Lease: it must not write (another replica may be acting)."""
+
+
+def ensure_acting(ctx: OperatorContext) -> None:
+    if not ctx.acting():
+        raise NotLeadingError("not the leader: nothing written")
 
 
 def new_context(
@@ -58,6 +83,14 @@ def _now() -> datetime:
 
 async def run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
     """One pass over one job; returns the result label for metrics."""
+    try:
+        ensure_acting(ctx)
+        return await _run_pass(ctx, key, runner)
+    except NotLeadingError:
+        return "fenced"
+
+
+async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
     body = ctx.job_body(key)
     if body is None:
         forget(ctx, key)
@@ -77,12 +110,17 @@ async def run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
     runner.offsets = dict(plan.offsets)
     if ensure_base:
         runner.ensure_base = False
-    refused = await _apply(ctx, key, plan.actions)
+    refused = await _apply(ctx, key, runner, plan.actions)
     count_writes(ctx)
+    ensure_acting(ctx)
     for event in plan.events:
         # After a refusal, "created" is not what happened: the Blocked Warning says what did.
         if refused is None or event.reason != events.CHILDREN_CREATED:
-            post_event(body, event)
+            await _post(ctx, runner, body, event)
+    if not runner.milestones_replayed:
+        runner.milestones_replayed = True
+        for event in milestones.reached(view.status, view.nodes, view.hot_spares):
+            await _post(ctx, runner, body, event)
     if refused is not None:
         return await _refused(ctx, runner, body, view.generation, refused)
     metrics.observe_pass(
@@ -101,15 +139,38 @@ async def run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str:
 
 
 async def _apply(
-    ctx: OperatorContext, key: JobKey, actions: Sequence[decide.Action]
+    ctx: OperatorContext, key: JobKey, runner: JobRunner, actions: Sequence[decide.Action]
 ) -> decide.Refusal | None:
     """Apply the actions in order; stop at a create the API server refuses for good and return it."""
     for action in actions:
+        child = known_child(action)
+        if (
+            child is not None
+            and time.monotonic() - runner.known_children.get(child, -1e18) < KNOWN_CHILD_SECONDS
+        ):
+            continue  # created or found existing a moment ago: no request
+        ensure_acting(ctx)
         try:
             await asyncio.to_thread(ctx.kube.apply, action, key[0])
         except kube.RefusedError as error:
             return error.refusal
+        if child is not None:
+            runner.known_children[child] = time.monotonic()
     return None
+
+
+def known_child(action: decide.Action) -> tuple[str, str, str, str] | None:
+    """The key under which a create of a child other than a pod is remembered, else None."""
+    if not isinstance(action, decide.CreateObject) or action.manifest.get("kind") == "Pod":
+        return None
+    metadata = action.manifest.get("metadata") or {}
+    owners = metadata.get("ownerReferences") or [{}]
+    return (
+        str(action.manifest.get("kind")),
+        str(metadata.get("namespace") or ""),
+        str(metadata.get("name")),
+        str(owners[0].get("uid") or ""),
+    )
 
 
 async def _refused(
@@ -240,6 +301,7 @@ async def _write_status(
     on a conflict. The stored status is remembered as the operator's own (`own_status`)."""
     metadata = body.get("metadata", {})
     namespace, name = metadata["namespace"], metadata["name"]
+    ensure_acting(ctx)
     try:
         written = await asyncio.to_thread(
             ctx.kube.patch_status, namespace, name, status, metadata.get("resourceVersion")
@@ -299,6 +361,8 @@ async def finalize_job(ctx: OperatorContext, key: JobKey, body: kopf.Body) -> No
         for node in ctx.all_nodes()
     }
     for action in decide.finalize(view, taints):
+        if not ctx.acting():
+            raise kopf.TemporaryError("not the leader: the finalizer is left to the leader", delay=5)
         await asyncio.to_thread(ctx.kube.apply, action, key[0])
         if isinstance(action, decide.DeleteObject):
             kopf.event(
@@ -320,6 +384,51 @@ def count_writes(ctx: OperatorContext) -> None:
 def forget(ctx: OperatorContext, key: JobKey) -> None:
     ctx.queue.forget(key)
     metrics.forget_job(*key)
+
+
+async def _post(
+    ctx: OperatorContext, runner: JobRunner, body: Mapping[str, Any], event: decide.Event
+) -> None:
+    """Post an Event of the pass: a milestone under its own name (once per job), any other by kopf."""
+    if event.reason not in milestones.MILESTONES:
+        post_event(body, event)
+        return
+    ensure_acting(ctx)
+    try:
+        await asyncio.to_thread(ctx.kube.create, milestone_event(body, event))
+    except Exception as error:  # an Event must not fail the pass: the next pass posts it again
+        logger.warning("posting %s failed: %r", event.reason, error)
+        runner.milestones_replayed = False
+
+
+def milestone_event(body: Mapping[str, Any], event: decide.Event) -> dict[str, Any]:
+    """The core/v1 Event of a milestone, named after the job's uid and the reason."""
+    metadata = body["metadata"]
+    now = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": milestones.event_name(metadata["name"], metadata["uid"], event.reason),
+            "namespace": metadata["namespace"],
+        },
+        "involvedObject": {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "name": metadata["name"],
+            "namespace": metadata["namespace"],
+            "uid": metadata["uid"],
+        },
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message[:1024],
+        "source": {"component": constants.MANAGED_BY},
+        "reportingComponent": constants.MANAGED_BY,
+        "reportingInstance": constants.MANAGED_BY,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
 
 
 def post_event(body: Mapping[str, Any], event: decide.Event) -> None:

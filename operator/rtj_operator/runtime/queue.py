@@ -49,6 +49,12 @@ class JobRunner:
     # The status as the API server stored it on this operator's last write: a different status read
     # later was written by someone else (see passes.own_status).
     last_status: dict[str, Any] | None = None
+    # The job's children other than pods known to exist (created, or found existing, by this
+    # operator): (kind, namespace, name, owner uid) -> when (monotonic). See passes.known_child.
+    known_children: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
+    # Whether this operator posted the milestone Events the job's status says are due (see
+    # decide.milestones): done once per job per operator start.
+    milestones_replayed: bool = False
 
 
 # A pass over one job; returns the result label for metrics (acted, idle, conflict, gone, ...).
