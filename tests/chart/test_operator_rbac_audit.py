@@ -86,7 +86,7 @@ def fsx_job(name: str, namespace: str, file_system: str) -> dict[str, Any]:
     }
 
 
-def training_job(namespace: str) -> dict[str, Any]:
+def training_job(namespace: str, operator_node: str) -> dict[str, Any]:
     job: dict[str, Any] = yaml.safe_load((REPO / "examples" / "local-cpu.yaml").read_text())
     job["metadata"] = {"name": "train", "namespace": namespace}
     spec = job["spec"]
@@ -97,6 +97,10 @@ def training_job(namespace: str) -> dict[str, Any]:
     spec["ttlSecondsAfterFinished"] = 5
     # The opt-in PodDisruptionBudget (a rule of the chart's, exercised here).
     spec["disruption"] = {"podDisruptionBudget": {"maxUnavailable": 1}}
+    off_the_operators_node = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [operator_node]}
+    spec.setdefault("scheduling", {})["requiredNodeAffinityTerms"] = [
+        {"matchExpressions": [off_the_operators_node]}
+    ]
     return job
 
 
@@ -140,8 +144,11 @@ def audited(local_cluster: LocalCluster) -> Iterator[tuple[LocalCluster, str, st
     team = create_namespace(kubeconfig, "team", labels=BASELINE)
     config = helm.Config(kubeconfig_path=kubeconfig, namespace=namespace, storage_driver="secret")
     # One replica (elected, as by default): the local cluster's pods share the host's ports.
+    # Pinned to the first node, which training avoids (`training_job`): the node the test kills is
+    # never the operator's own.
     values = {
         "replicaCount": 1,
+        "nodeSelector": {"kubernetes.io/hostname": local_cluster.node_names[0]},
         "operator": {"healthPort": free_port()},
         "metrics": {"port": free_port()},
         "nodeTainting": {"enabled": True},
@@ -218,6 +225,7 @@ def create_as_operator(kubeconfig: Path, account: str, body: dict[str, Any], tmp
     return "" if result.returncode == 0 else result.stderr
 
 
+@pytest.mark.local_cluster(nodes=3)
 def test_every_rule_of_the_charts_rbac_is_used_and_nothing_is_refused(
     audited: tuple[LocalCluster, str, str], tmp_path: Path
 ) -> None:
@@ -286,7 +294,7 @@ def test_every_rule_of_the_charts_rbac_is_used_and_nothing_is_refused(
     )
 
     # Real training under Pod Security baseline; the node of worker 1 dies mid-run.
-    apply(kubeconfig, training_job(team), tmp_path)
+    apply(kubeconfig, training_job(team, cluster.node_names[0]), tmp_path)
 
     def step() -> int:
         status = get_json(kubeconfig, "rtj", "train", "-n", team).get("status") or {}
