@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -203,9 +203,29 @@ async def _decide(
     if runner.last_status is not None and overwritten(runner, body):
         # Someone else wrote the status, or the index lags our last write: read it fresh.
         return await _decide_fresh(ctx, key, runner, ensure_base=ensure_base)
-    observed = observe.observe(
-        ctx.job_pods(key),
-        ctx.all_nodes(),
+    observed = _observe(ctx, key, runner, ctx.job_pods(key), ctx.all_nodes(), ensure_base=ensure_base)
+    plan = decide.reconcile(view, observed, _now())
+    if not plan.actions and not plan.status_changed:
+        return plan, view, body
+    # Something is to be done: the indexes may lag our own writes.
+    return await _decide_fresh(ctx, key, runner, ensure_base=ensure_base)
+
+
+def _observe(  # noqa: PLR0913 - the pass's parts, then the observations
+    ctx: OperatorContext,
+    key: JobKey,
+    runner: JobRunner,
+    pods: Iterable[Mapping[str, Any]],
+    nodes: Iterable[Mapping[str, Any]],
+    *,
+    ensure_base: bool,
+) -> observe.Observed:
+    """What the operator sees of one job: its pods and the nodes, with what the runner and the
+    operator's settings know (restart offsets, the last refusal, health signals, FSx allow-list,
+    the trainers' progress reports)."""
+    return observe.observe(
+        pods,
+        nodes,
         ensure_base=ensure_base,
         offsets=runner.offsets,
         refused_at=runner.refused_at,
@@ -213,11 +233,6 @@ async def _decide(
         fsx_allowed=ctx.fsx_allowed,
         reports=ctx.progress.reports(key),
     )
-    plan = decide.reconcile(view, observed, _now())
-    if not plan.actions and not plan.status_changed:
-        return plan, view, body
-    # Something is to be done: the indexes may lag our own writes.
-    return await _decide_fresh(ctx, key, runner, ensure_base=ensure_base)
 
 
 async def _decide_fresh(
@@ -235,16 +250,7 @@ async def _decide_fresh(
         return await _invalid(ctx, fresh)
     pods = await asyncio.to_thread(ctx.kube.list_pods, *key)
     nodes = await _nodes_confirmed(ctx, pods, view.status)
-    observed = observe.observe(
-        pods,
-        nodes,
-        ensure_base=ensure_base,
-        offsets=runner.offsets,
-        refused_at=runner.refused_at,
-        health=ctx.node_health,
-        fsx_allowed=ctx.fsx_allowed,
-        reports=ctx.progress.reports(key),
-    )
+    observed = _observe(ctx, key, runner, pods, nodes, ensure_base=ensure_base)
     plan = decide.reconcile(view, observed, _now())
     if foreign:
         plan = dataclasses.replace(plan, status_changed=True)  # the stored status must be rewritten
