@@ -31,7 +31,7 @@ from rtj_operator import events
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.local_cluster(nodes=3, profile="cpu", node_monitor_grace_seconds=5, audit_log=True),
+    pytest.mark.local_cluster(nodes=4, profile="cpu", node_monitor_grace_seconds=5, audit_log=True),
 ]
 REPO = Path(__file__).resolve().parents[2]
 RELEASE = "rtj"
@@ -225,7 +225,6 @@ def create_as_operator(kubeconfig: Path, account: str, body: dict[str, Any], tmp
     return "" if result.returncode == 0 else result.stderr
 
 
-@pytest.mark.local_cluster(nodes=3)
 def test_every_rule_of_the_charts_rbac_is_used_and_nothing_is_refused(
     audited: tuple[LocalCluster, str, str], tmp_path: Path
 ) -> None:
