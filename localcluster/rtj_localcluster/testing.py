@@ -72,6 +72,18 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout:g}s waiting for {message} (last value: {last!r})")
 
 
+def wait_phase(
+    api: SyncKubeClient, namespace: str, name: str, *phases: str, timeout: float = 90
+) -> dict[str, Any]:
+    """The pod ``namespace/name`` once its phase is one of ``phases``."""
+
+    def check() -> dict[str, Any] | None:
+        pod: dict[str, Any] | None = api.get_or_none(path_for("pods", namespace, name))
+        return pod if pod and pod.get("status", {}).get("phase") in phases else None
+
+    return wait_for(check, timeout=timeout, message=f"pod {name} in {phases}")
+
+
 def kubectl(kubeconfig: str | os.PathLike[str], *args: str, check: bool = True, timeout: float = 120) -> str:
     """Run kubectl with ``kubeconfig``; returns stdout (stderr is in the error when it fails).
     The kubectl is the control plane's own, so client and server are of one version."""

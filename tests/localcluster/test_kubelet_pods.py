@@ -17,7 +17,7 @@ import psutil
 import pytest
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import kubectl, wait_for
+from rtj_localcluster.testing import kubectl, wait_for, wait_phase
 
 pytestmark = pytest.mark.slow
 
@@ -36,16 +36,6 @@ def pod_manifest(name: str, script: str, **spec: Any) -> dict[str, Any]:
 def get_pod(api: SyncKubeClient, namespace: str, name: str) -> dict[str, Any] | None:
     result: dict[str, Any] | None = api.get_or_none(path_for("pods", namespace, name))
     return result
-
-
-def wait_phase(
-    api: SyncKubeClient, namespace: str, name: str, *phases: str, timeout: float = 90
-) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        pod = get_pod(api, namespace, name)
-        return pod if pod and pod.get("status", {}).get("phase") in phases else None
-
-    return wait_for(check, timeout=timeout, message=f"pod {name} in {phases}")
 
 
 PEER = "import time\nwhile True: time.sleep(1)"

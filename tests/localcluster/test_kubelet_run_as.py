@@ -16,7 +16,7 @@ import pytest
 from rtj_localcluster import identity
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import kubectl, wait_for
+from rtj_localcluster.testing import kubectl, wait_phase
 from rtj_operator import api as rtj_api
 from rtj_operator import render
 
@@ -99,15 +99,7 @@ def test_trainer_runs_as_its_user_and_writes_the_directory_the_init_container_pr
             },
         },
     )
-    pod = wait_for(
-        lambda: (
-            (p := api.get(path_for("pods", namespace, "owned"))).get("status", {}).get("phase")
-            in ("Succeeded", "Failed")
-            and p
-        ),
-        timeout=120,
-        message="the pod to finish",
-    )
+    pod = wait_phase(api, namespace, "owned", "Succeeded", "Failed", timeout=120)
     logs = kubectl(shared_local_cluster.kubeconfig_path, "logs", "-n", namespace, "owned")
     assert pod["status"]["phase"] == "Succeeded", logs
     result = json.loads(logs.strip().splitlines()[-1])

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import kubectl, wait_for
+from rtj_localcluster.testing import kubectl, wait_for, wait_phase
 
 pytestmark = pytest.mark.slow
 
@@ -184,15 +184,7 @@ def test_configmap_secret_and_host_path_volumes(
             },
         },
     )
-    pod = wait_for(
-        lambda: (
-            (p := api.get(path_for("pods", namespace, "reader"))).get("status", {}).get("phase")
-            in ("Succeeded", "Failed")
-            and p
-        ),
-        timeout=60,
-        message="the reader to finish",
-    )
+    pod = wait_phase(api, namespace, "reader", "Succeeded", "Failed", timeout=60)
     logs = kubectl(shared_local_cluster.kubeconfig_path, "logs", "-n", namespace, "reader")
     assert pod["status"]["phase"] == "Succeeded", logs
     assert logs.strip() == "alpha|s3cret|from host"
@@ -241,15 +233,7 @@ def test_pod_waits_for_a_configmap_its_volume_needs_then_starts(
         path_for("configmaps", namespace),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late"}, "data": {"v": "arrived"}},
     )
-    pod = wait_for(
-        lambda: (
-            (p := api.get(path_for("pods", namespace, "early"))).get("status", {}).get("phase")
-            in ("Succeeded", "Failed")
-            and p
-        ),
-        timeout=60,
-        message="the pod to finish",
-    )
+    pod = wait_phase(api, namespace, "early", "Succeeded", "Failed", timeout=60)
     logs = kubectl(shared_local_cluster.kubeconfig_path, "logs", "-n", namespace, "early")
     assert pod["status"]["phase"] == "Succeeded", logs
     assert logs.strip() == "arrived"
