@@ -36,6 +36,25 @@ def _chart() -> helm.Chart:
     return helm.Chart.load(CHART)
 
 
+def small_job(nodes: int) -> Any:
+    """A parsed cpu job of `nodes` workers in team-a, as the operator would render its children."""
+    from rtj_operator import api
+
+    return api.ResilientTrainingJob.model_validate(
+        {
+            "apiVersion": "resilient.training/v1alpha1",
+            "kind": "ResilientTrainingJob",
+            "metadata": {"name": "demo", "namespace": "team-a", "uid": "0000-1111"},
+            "spec": {
+                "image": "trainer:1",
+                "nodes": nodes,
+                "instanceType": "cpu",
+                "checkpoint": {"storage": {"existingClaim": {"claimName": "ckpt"}}},
+            },
+        }
+    )
+
+
 def load_values(path: Path) -> dict[str, Any]:
     loaded = yaml.safe_load(path.read_text())
     assert isinstance(loaded, dict)

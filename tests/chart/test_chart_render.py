@@ -22,6 +22,7 @@ from chart_support import (
     objects_of,
     one,
     render,
+    small_job,
     value_sets,
 )
 from rtj_operator import names
@@ -195,22 +196,9 @@ def test_namespaced_example_grants_per_namespace_roles_and_watches_only_those() 
 
 
 def render_job_worker() -> dict[str, Any]:
-    from rtj_operator import api
     from rtj_operator import render as renderer
 
-    job = api.ResilientTrainingJob.model_validate(
-        {
-            "apiVersion": "resilient.training/v1alpha1",
-            "kind": "ResilientTrainingJob",
-            "metadata": {"name": "demo", "namespace": "team-a", "uid": "0000-1111"},
-            "spec": {
-                "image": "trainer:1",
-                "nodes": 1,
-                "instanceType": "cpu",
-                "checkpoint": {"storage": {"existingClaim": {"claimName": "ckpt"}}},
-            },
-        }
-    )
+    job = small_job(1)
     return renderer.render_worker_pod(job, 0)
 
 

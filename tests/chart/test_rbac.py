@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from chart_support import NAMESPACE, RELEASE, render
+from chart_support import NAMESPACE, RELEASE, render, small_job
 from rtj_operator.runtime.kube import LEADER_ELECTION_PERMISSIONS
 
 # (API group, resource, verb); "" is the core group.
@@ -192,22 +192,9 @@ def test_the_operator_can_neither_patch_pods_nor_grant_anything() -> None:
     """The trainers report progress through their pods' endpoints, not the API: the operator renders
     them no Role, so it needs neither `patch`/`update` on pods nor the right to create RBAC objects
     (with which it could hand out what it holds)."""
-    from rtj_operator import api
     from rtj_operator import render as renderer
 
-    job = api.ResilientTrainingJob.model_validate(
-        {
-            "apiVersion": "resilient.training/v1alpha1",
-            "kind": "ResilientTrainingJob",
-            "metadata": {"name": "demo", "namespace": "team-a", "uid": "0000-1111"},
-            "spec": {
-                "image": "trainer:1",
-                "nodes": 2,
-                "instanceType": "cpu",
-                "checkpoint": {"storage": {"existingClaim": {"claimName": "ckpt"}}},
-            },
-        }
-    )
+    job = small_job(2)
     assert not [obj for obj in renderer.render(job) if obj["kind"] in {"Role", "RoleBinding"}]
     for values in MODES.values():
         granted = grants(render(values))

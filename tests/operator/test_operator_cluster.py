@@ -380,6 +380,12 @@ def _condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
 
 
+def _blocked(kubeconfig: Path, namespace: str, job: str) -> dict[str, Any] | None:
+    """The job's Blocked condition while it is True."""
+    found = _condition(job_status(kubeconfig, namespace, job), events.COND_BLOCKED)
+    return found if found and found["status"] == "True" else None
+
+
 def test_a_child_refused_by_a_resource_quota_is_a_condition_and_is_not_retried(
     kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -405,11 +411,8 @@ def test_a_child_refused_by_a_resource_quota_is_a_condition_and_is_not_retried(
             manifest = job_manifest("quota", namespace, nodes=2, instanceType=_instance_type(kubeconfig))
             apply(kubeconfig, manifest, tmp_path)
 
-            def blocked() -> dict[str, Any] | None:
-                found = _condition(job_status(kubeconfig, namespace, "quota"), events.COND_BLOCKED)
-                return found if found and found["status"] == "True" else None
-
-            condition = wait_for(blocked, timeout=60, interval=0.2, message="the Blocked condition")
+            condition = wait_for(lambda: _blocked(kubeconfig, namespace, "quota"), timeout=60, interval=0.2,
+                                 message="the Blocked condition")  # fmt: skip
             # Within one reconcile: one create per worker, the refused one included, then the condition.
             assert creates == ["quota-worker-0", "quota-worker-1"]
             assert condition["reason"] == events.QUOTA_EXCEEDED and condition["observedGeneration"] == 1
@@ -485,11 +488,8 @@ def test_a_job_larger_than_the_cluster_creates_no_pods_and_says_why(kubeconfig: 
             manifest = job_manifest("huge", namespace, nodes=1000, instanceType=_instance_type(kubeconfig))
             apply(kubeconfig, manifest, tmp_path)
 
-            def blocked() -> dict[str, Any] | None:
-                found = _condition(job_status(kubeconfig, namespace, "huge"), events.COND_BLOCKED)
-                return found if found and found["status"] == "True" else None
-
-            condition = wait_for(blocked, timeout=60, message="the Blocked condition")
+            condition = wait_for(lambda: _blocked(kubeconfig, namespace, "huge"), timeout=60,
+                                 message="the Blocked condition")  # fmt: skip
             assert condition["reason"] == events.INSUFFICIENT_NODES
             assert condition["message"].startswith("1000 nodes needed for the workers")
             time.sleep(3)
@@ -519,11 +519,8 @@ def test_a_pod_refused_by_pod_security_is_a_child_rejected_condition(
             )
             apply(kubeconfig, manifest, tmp_path)
 
-            def blocked() -> dict[str, Any] | None:
-                found = _condition(job_status(kubeconfig, namespace, "psa"), events.COND_BLOCKED)
-                return found if found and found["status"] == "True" else None
-
-            condition = wait_for(blocked, timeout=60, message="the Blocked condition")
+            condition = wait_for(lambda: _blocked(kubeconfig, namespace, "psa"), timeout=60,
+                                 message="the Blocked condition")  # fmt: skip
             assert condition["reason"] == events.CHILD_REJECTED
             assert "403 Forbidden" in condition["message"] and "violates PodSecurity" in condition["message"]
             wait_for(
