@@ -51,6 +51,16 @@ CHECKPOINT_DIR_OWNER: Final = "RTJ_CHECKPOINT_DIR_OWNER"
 # User-set (spec.env), not rendered: "direct" makes rtj-launch exec the command without ft_launcher.
 LAUNCH_MODE: Final = "RTJ_LAUNCH_MODE"
 LAUNCH_MODE_DIRECT: Final = "direct"
+# rtj-launch starts the pod's ranks itself in one fixed world that holds the hot spares' reserve
+# ranks, with its stores in the job's store pod (rtj_trainer.supervisor).
+LAUNCH_MODE_SUPERVISOR: Final = "supervisor"
+SLOT: Final = "RTJ_SLOT"
+SLOTS: Final = "RTJ_SLOTS"
+STORE_HOST: Final = "RTJ_STORE_HOST"
+STORE_PORT: Final = "RTJ_STORE_PORT"
+MEMORY_INTERVAL_STEPS: Final = "RTJ_MEMORY_INTERVAL_STEPS"
+# Set by rtj-launch for each rank in supervisor mode: the number of active ranks of the world.
+ACTIVE_WORLD_SIZE: Final = "RTJ_ACTIVE_WORLD_SIZE"
 
 # Every name of the contract, for the test that compares them with the operator's renderer.
 CONTRACT_NAMES: Final = (
@@ -165,6 +175,17 @@ class TrainerEnv:
     progress_port: int = 9410
     progress_linger_seconds: float = 15.0
     faults: str = ""
+    launch_mode: str = ""
+    slot: int = 0
+    slots: int = 1
+    store_host: str = ""
+    store_port: int = 29500
+    memory_interval_steps: int = 1
+
+    @property
+    def supervised(self) -> bool:
+        """Ranks in one fixed world with reserve ranks, stores in the store pod (no ft_launcher)."""
+        return self.launch_mode == LAUNCH_MODE_SUPERVISOR
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> TrainerEnv:
@@ -220,9 +241,23 @@ class TrainerEnv:
             progress_port=_int(environ, PROGRESS_PORT, d.progress_port),
             progress_linger_seconds=_float(environ, PROGRESS_LINGER_SECONDS, d.progress_linger_seconds),
             faults=environ.get(FAULTS, d.faults),
+            launch_mode=environ.get(LAUNCH_MODE, d.launch_mode),
+            slot=_int(environ, SLOT, _int(environ, NODE_RANK, d.node_rank)),
+            slots=_int(environ, SLOTS, nnodes),
+            store_host=environ.get(STORE_HOST, d.store_host),
+            store_port=_int(environ, STORE_PORT, d.store_port),
+            memory_interval_steps=_int(environ, MEMORY_INTERVAL_STEPS, d.memory_interval_steps),
         )
         if not 0 <= env.progress_port <= 65535:
             raise EnvError(f"{PROGRESS_PORT}={env.progress_port} must be a port number (0: none)")
         if env.checkpoint_interval_steps < 1 or env.checkpoint_keep < 1:
             raise EnvError(f"{CHECKPOINT_INTERVAL_STEPS} and {CHECKPOINT_KEEP} must be >= 1")
+        if env.supervised and not env.store_host:
+            raise EnvError(
+                f"{LAUNCH_MODE}={LAUNCH_MODE_SUPERVISOR} needs {STORE_HOST} (the store pod's name)"
+            )
+        if not 0 <= env.slot < max(env.slots, 1) or env.slots < env.nnodes:
+            raise EnvError(f"{SLOT}={env.slot} must be below {SLOTS}={env.slots}, which is at least {NNODES}")
+        if env.memory_interval_steps < 0:
+            raise EnvError(f"{MEMORY_INTERVAL_STEPS}={env.memory_interval_steps} must be >= 0 (0: off)")
         return env

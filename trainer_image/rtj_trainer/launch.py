@@ -238,6 +238,29 @@ def progress_endpoint(env: TrainerEnv, child_env: dict[str, str]) -> Iterator[Pr
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def launch_supervised(env: TrainerEnv, command: list[str], child_env: dict[str, str]) -> int:
+    """Supervisor mode (``rtj_trainer.supervisor``): the ranks as children, or a standby when the
+    world formed without this pod."""
+    from rtj_trainer import supervisor
+
+    address = resolve(env.store_host, env.store_port)
+    if supervisor.world_formed(address, env.store_port):
+        log.info("the world formed before this pod started: standing by")
+        return idle_as_spare()
+    child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    child_env.setdefault("TMPDIR", tempfile.gettempdir())
+    marker = Path(child_env["TMPDIR"]) / f"rtj-drain-{os.getpid()}"
+    with progress_endpoint(env, child_env) as endpoint:
+        envs = supervisor.rank_environments(env, child_env, address)
+        log.info("run %d ranks of %s (slot %d)", len(envs), " ".join(command), env.slot)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        code = supervisor.supervise_ranks(command, envs, marker, preexec=_die_with_parent)
+        if code == 0 and endpoint is not None and not endpoint.wait_delivered(env.progress_linger_seconds):
+            log.warning("final progress report not read within %.0f s", env.progress_linger_seconds)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The container's entry point; returns its exit status."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -249,13 +272,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] == "--":
         args = args[1:]
     env = TrainerEnv.from_environ(os.environ)
-    if env.role == ROLE_SPARE:
+    if env.role == ROLE_SPARE and not env.supervised:
         return idle_as_spare()
     if not args:
         print("usage: rtj-launch -- <training command...>", file=sys.stderr)
         return 2
     command = [_find_executable(args[0]), *args[1:]]
     child_env = dict(os.environ)
+    if env.supervised:
+        return launch_supervised(env, command, child_env)
     if os.environ.get(LAUNCH_MODE) == LAUNCH_MODE_DIRECT:
         # No ft_launcher, no rendezvous: the command is the launcher's child (operator tests use
         # trivial commands to exercise pod lifecycles without spending CPU on torch).

@@ -289,6 +289,31 @@ def train_start_time(checkpoint_dir: str | os.PathLike[str], now: float) -> floa
     return now
 
 
+class ReportingLock:
+    """Which of a pod's ranks reports: the first to take an exclusive lock next to the pod's report
+    file holds it until its process ends, then another active rank takes it over."""
+
+    def __init__(self, report_file: str | None) -> None:
+        self.path = Path(f"{report_file}.lock") if report_file else None
+        self._fd: int | None = None
+
+    def held(self) -> bool:
+        if self.path is None:
+            return True
+        if self._fd is not None:
+            return True
+        import fcntl
+
+        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+
 class Reporter:
     """Throttles reports to the sink and persists the node state; live sinks get every report."""
 

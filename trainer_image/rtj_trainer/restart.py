@@ -21,11 +21,14 @@ wrapped function; ``rtj_trainer.nvrx_compat`` filters the keyword arguments by N
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
+import signal
 import socket
+import threading
 from collections.abc import Callable, Collection
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import torch
 from nvidia_resiliency_ext import inprocess
@@ -63,13 +66,70 @@ def shutdown_tcp_sockets(keep_ports: Collection[int]) -> int:
     return count
 
 
-class AbortProcessGroup(inprocess.abort.Abort):  # type: ignore[misc]
-    """Abort that works on gloo (socket shutdown) and NCCL, and always destroys the group."""
+# The signal that wakes the main thread out of a blocking call so that NVRx's asynchronous
+# RankShouldRestart, which only lands while Python code runs, reaches a rank that sleeps or waits in
+# a system call (a hang the soft timeout caught while the process is still alive).
+POKE_SIGNAL: Final = signal.SIGUSR2
+POKE_INTERVAL_SECONDS: Final = 0.05
+POKE_LIMIT_SECONDS: Final = 5.0
 
-    def __init__(self, keep_ports: Collection[int]) -> None:
+
+def _ignore_poke(_signum: int, _frame: object) -> None:
+    """Runs Python code in the main thread: the pending asynchronous exception is raised here."""
+
+
+class MainThreadPoker:
+    """Signals the main thread every 50 ms, from the abort until the restart is delivered."""
+
+    def __init__(self) -> None:
+        self._delivered = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def install() -> None:
+        """From the main thread, before the wrapper runs: the handler that makes a poke harmless."""
+        signal.signal(POKE_SIGNAL, _ignore_poke)
+        signal.siginterrupt(POKE_SIGNAL, False)
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._delivered.clear()
+        self._thread = threading.Thread(target=self._poke, name="rtj-poke-main", daemon=True)
+        self._thread.start()
+
+    def delivered(self) -> None:
+        """The main thread has the restart (it reached the next iteration or an exception handler)."""
+        self._delivered.set()
+
+    def _poke(self) -> None:
+        main = threading.main_thread().ident
+        if main is None:
+            return
+        deadline = POKE_LIMIT_SECONDS / POKE_INTERVAL_SECONDS
+        count = 0
+        while not self._delivered.wait(POKE_INTERVAL_SECONDS) and count < deadline:
+            with contextlib.suppress(OSError, ProcessLookupError):
+                signal.pthread_kill(main, POKE_SIGNAL)
+            count += 1
+
+
+class AbortProcessGroup(inprocess.abort.Abort):  # type: ignore[misc]
+    """Abort that works on gloo (socket shutdown) and NCCL, and always destroys the group; then
+    wakes a main thread blocked outside Python so the restart reaches it."""
+
+    def __init__(self, keep_ports: Collection[int], poker: MainThreadPoker | None = None) -> None:
         self.keep_ports = tuple(keep_ports)
+        self.poker = poker
 
     def __call__(self, state: Any) -> Any:
+        try:
+            return self._abort(state)
+        finally:
+            if self.poker is not None:
+                self.poker.start()
+
+    def _abort(self, state: Any) -> Any:
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return state
         try:
@@ -101,8 +161,87 @@ class IterationBudget(inprocess.health_check.HealthCheck):  # type: ignore[misc]
         return state
 
 
-def make_wrapper(env: TrainerEnv, *, store_host: str, store_port: int, keep_ports: Collection[int]) -> Any:
-    """The configured ``inprocess.Wrapper`` (disabled when ``RTJ_INPROCESS_ENABLED=false``)."""
+class WorldBrokenError(RuntimeError):
+    """A terminated active rank and no reserve rank left to take its index: the world cannot go on."""
+
+
+def reassign(rank: int, world_size: int, terminated: Collection[int], active: int) -> tuple[int, int]:
+    """The next rank and world size of ``rank`` after ``terminated`` ranks left the world.
+
+    Active ranks (below ``active``) keep their index, so their state stays theirs; each terminated
+    active index goes to the lowest healthy reserve rank, in order; the remaining reserve ranks
+    close up behind the active ones. Raises WorldBrokenError when the reserve runs out.
+    """
+    gone = set(terminated)
+    if rank in gone:
+        raise ValueError(f"rank {rank} is terminated")
+    gaps = sorted(r for r in gone if r < active)
+    reserve = sorted(r for r in range(active, world_size) if r not in gone)
+    if len(reserve) < len(gaps):
+        raise WorldBrokenError(
+            f"{len(gaps)} active rank(s) {gaps} lost and {len(reserve)} reserve rank(s) left"
+        )
+    if rank < active:
+        return rank, world_size - len(gone)
+    position = reserve.index(rank)
+    if position < len(gaps):
+        return gaps[position], world_size - len(gone)
+    return active + position - len(gaps), world_size - len(gone)
+
+
+class ReplaceFromReserve(inprocess.rank_assignment.RankAssignment):  # type: ignore[misc]
+    """NVRx rank assignment of the supervisor's fixed world: ``reassign``; active ranks call the
+    training function, reserve ranks wait inside the wrapper."""
+
+    def __init__(self, active_world_size: int) -> None:
+        self.active = active_world_size
+
+    def __call__(self, ctx: Any) -> Any:
+        from nvidia_resiliency_ext.inprocess.state import Mode
+
+        state = ctx.state
+        if state.rank in ctx.terminated_ranks:
+            raise inprocess.rank_assignment.RankDiscarded(f"rank={state.rank} terminated")
+        rank, world_size = reassign(state.rank, state.world_size, ctx.terminated_ranks, self.active)
+        if rank < self.active:
+            mode, active_rank, active_world = Mode.ACTIVE, rank, self.active
+        else:
+            mode, active_rank, active_world = Mode.INACTIVE, None, self.active
+        ctx.state = dataclasses.replace(
+            state,
+            rank=rank,
+            world_size=world_size,
+            mode=mode,
+            active_rank=active_rank,
+            active_world_size=active_world,
+        )
+        ctx.terminated_ranks = set()
+        return ctx
+
+
+class StoreClient(inprocess.store.TCPStore):  # type: ignore[misc]
+    """The wrapper's store as a client of the store pod: no rank hosts it, none is critical to it."""
+
+    TCP_STORE_HOST_RANK = -1
+
+    @property
+    def critical_ranks(self) -> tuple[int, ...]:
+        return ()
+
+
+def make_wrapper(
+    env: TrainerEnv,
+    *,
+    store_host: str,
+    store_port: int,
+    keep_ports: Collection[int],
+    poker: MainThreadPoker | None = None,
+    active_world_size: int | None = None,
+) -> Any:
+    """The configured ``inprocess.Wrapper`` (disabled when ``RTJ_INPROCESS_ENABLED=false``).
+
+    With ``active_world_size`` (supervisor mode) the world holds reserve ranks past it, the stores
+    live in the store pod and a terminated rank is replaced by a reserve rank (``reassign``)."""
     soft = env.inprocess_soft_timeout_seconds
     hard = max(env.inprocess_hard_timeout_seconds, soft + 1)
     barrier = max(env.inprocess_barrier_timeout_seconds, hard + 1)
@@ -112,19 +251,21 @@ def make_wrapper(env: TrainerEnv, *, store_host: str, store_port: int, keep_port
         inprocess.health_check.CudaHealthCheck(seconds(seconds=min(30.0, soft))),
         IterationBudget(env.inprocess_max_iterations),
     )
+    store_kwargs: dict[str, Any] = {
+        "host_name": store_host,
+        "port": store_port,
+        "timeout": seconds(seconds=barrier),
+    }
     requested: dict[str, Any] = {
-        "store_kwargs": {
-            "host_name": store_host,
-            "port": store_port,
-            "timeout": seconds(seconds=barrier),
-        },
-        "abort": AbortProcessGroup(keep_ports),
+        "store_kwargs": store_kwargs,
+        "abort": AbortProcessGroup(keep_ports, poker),
         "health_check": health_check,
         "monitor_thread_interval": seconds(seconds=0.1),
         # Below the progress watchdog interval: hang detection needs it (measured).
-        "monitor_process_interval": seconds(seconds=0.5),
-        "progress_watchdog_interval": seconds(seconds=1),
-        "heartbeat_interval": seconds(seconds=1),
+        "monitor_process_interval": seconds(seconds=0.25),
+        "progress_watchdog_interval": seconds(seconds=0.5),
+        # The sibling monitor declares a silent rank (its node lost) unresponsive after the timeout.
+        "heartbeat_interval": seconds(seconds=0.5),
         "heartbeat_timeout": seconds(seconds=heartbeat_timeout),
         "soft_timeout": seconds(seconds=soft),
         "hard_timeout": seconds(seconds=hard),
@@ -135,6 +276,10 @@ def make_wrapper(env: TrainerEnv, *, store_host: str, store_port: int, keep_port
         "last_call_wait": seconds(seconds=0.1),
         "enabled": env.inprocess_enabled,
     }
+    if active_world_size is not None:
+        store_kwargs["wait_for_workers"] = False
+        requested["store_factory"] = StoreClient
+        requested["rank_assignment"] = ReplaceFromReserve(active_world_size)
     wrapper = inprocess.Wrapper(**wrapper_kwargs(requested))
     limit_restart_health_check(wrapper, health_check, cuda=torch.cuda.is_available())
     return wrapper

@@ -34,9 +34,9 @@ import torch.distributed as dist
 
 from rtj_trainer import drain as drain_mod
 from rtj_trainer import faults as faults_mod
-from rtj_trainer import node_faults
+from rtj_trainer import node_faults, replica
 from rtj_trainer.checkpoint import CheckpointManager
-from rtj_trainer.env import MODE_ASYNC, TrainerEnv
+from rtj_trainer.env import ACTIVE_WORLD_SIZE, MODE_ASYNC, TrainerEnv
 from rtj_trainer.model import (
     ModelConfig,
     batch_for_step,
@@ -48,14 +48,19 @@ from rtj_trainer.model import (
 )
 from rtj_trainer.nvrx_compat import Heartbeats, wrapped_entry
 from rtj_trainer.progress import (
+    PROGRESS_FILE_ENV,
     NoSink,
     Progress,
     RecoveryEvent,
     Reporter,
+    ReportingLock,
     load_node_state,
     make_sink,
     train_start_time,
 )
+from rtj_trainer.restart import MainThreadPoker, WorldBrokenError
+from rtj_trainer.store import WORLD_FORMED_KEY
+from rtj_trainer.supervisor import WORLD_BROKEN_EXIT_CODE
 
 log = logging.getLogger("rtj_trainer")
 
@@ -148,8 +153,10 @@ class Trainer:
         self.args = args
         self.env = env
         self.drain = drain if drain is not None else drain_mod.DrainRequest(None)
+        # In supervisor mode WORLD_SIZE counts the reserve ranks too; the training world is the
+        # active part, and a reserve rank learns its index when it is activated (run()).
         self.rank = int(os.environ["RANK"])
-        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.world_size = int(os.environ.get(ACTIVE_WORLD_SIZE) or os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.master_addr = os.environ["MASTER_ADDR"]
         self.master_port = int(os.environ["MASTER_PORT"])
@@ -163,20 +170,16 @@ class Trainer:
         )
         self.checkpoint_dir = args.checkpoint_dir or env.checkpoint_dir
         self.interval = args.checkpoint_interval or env.checkpoint_interval_steps
-        mode = args.checkpoint_mode or env.checkpoint_mode
+        self.asynchronous = (args.checkpoint_mode or env.checkpoint_mode) == MODE_ASYNC
         self.heartbeats = Heartbeats()
-        self.ckpt = CheckpointManager(
-            self.checkpoint_dir,
-            rank=self.rank,
-            world_size=self.world_size,
-            asynchronous=mode == MODE_ASYNC,
-            keep=env.checkpoint_keep,
-            keepalive=self.heartbeats.keepalive,
-        )
+        self.ckpt = self._checkpoint_manager(self.rank)
         self.faults = faults_mod.FaultInjector(
             faults_mod.parse_faults(env.faults), self.checkpoint_dir, self.rank
         )
         self.memory = Memory()
+        self.tier = replica.MemoryTier(stride=max(env.nproc_per_node, 1))
+        self.poker: MainThreadPoker | None = None
+        self.reporting_lock = ReportingLock(os.environ.get(PROGRESS_FILE_ENV)) if env.supervised else None
         self.current_step = 0
         self.loop_started: float | None = None  # the first step of this process
         self.iteration_started = time.time()
@@ -206,11 +209,14 @@ class Trainer:
         self.progress.restarts_in_job = self.in_job_restarts
         self.progress.restarts_in_process = self.in_process_base
         self.node_faults = node_faults.NodeFaultLog(self.checkpoint_dir, node_faults.node_name(env.node_name))
+        # One rank per pod reports: local rank 0, or in supervisor mode whichever active rank of
+        # the pod holds the reporting lock (it passes on when its holder dies).
+        reports = self.local_rank == 0 or env.supervised
         self.reporter = Reporter(
-            make_sink(env.progress_sink) if self.local_rank == 0 else NoSink(),
+            make_sink(env.progress_sink) if reports else NoSink(),
             self.checkpoint_dir,
             env.progress_interval_seconds,
-            enabled=self.local_rank == 0,
+            enabled=self.local_rank == 0 and not env.supervised,
         )
         # Before any use of the GPU: a GPU that is gone or does not answer is the node's fault.
         self.check_gpus()
@@ -222,15 +228,50 @@ class Trainer:
             self.device = torch.device("cpu")
             self.backend = "gloo"
         # The process groups' store lives across in-process iterations; each iteration uses a prefix.
-        self.pg_store = dist.TCPStore(  # type: ignore[attr-defined]
-            host_name=self.master_addr,
-            port=self.master_port + PG_STORE_PORT_OFFSET,
+        # Rank 0 hosts it, or in supervisor mode the store pod does.
+        timeout = dt.timedelta(seconds=env.inprocess_barrier_timeout_seconds)
+        if env.supervised:
+            self.pg_store = dist.TCPStore(  # type: ignore[attr-defined]
+                host_name=self.master_addr,
+                port=self.master_port + PG_STORE_PORT_OFFSET,
+                is_master=False,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
+        else:
+            self.pg_store = dist.TCPStore(  # type: ignore[attr-defined]
+                host_name=self.master_addr,
+                port=self.master_port + PG_STORE_PORT_OFFSET,
+                world_size=self.world_size,
+                is_master=self.rank == 0,
+                timeout=timeout,
+                wait_for_workers=True,
+                multi_tenant=True,
+            )
+
+    def _checkpoint_manager(self, rank: int) -> CheckpointManager:
+        return CheckpointManager(
+            self.checkpoint_dir,
+            rank=rank,
             world_size=self.world_size,
-            is_master=self.rank == 0,
-            timeout=dt.timedelta(seconds=env.inprocess_barrier_timeout_seconds),
-            wait_for_workers=True,
-            multi_tenant=True,
+            asynchronous=self.asynchronous,
+            keep=self.env.checkpoint_keep,
+            keepalive=self.heartbeats.keepalive,
         )
+
+    def _take_index(self, rank: int) -> None:
+        """A reserve rank activated in place of a lost one: from now on it is rank `rank`."""
+        log.warning("reserve rank %d takes the index of lost rank %d", self.rank, rank)
+        self.ckpt.close()
+        self.rank = rank
+        self.ckpt = self._checkpoint_manager(rank)
+        self.faults = faults_mod.FaultInjector(self.faults.faults, self.checkpoint_dir, rank)
+
+    def _delivered(self) -> float:
+        """The restart reached the main thread: stop poking it; returns the time."""
+        if self.poker is not None:
+            self.poker.delivered()
+        return time.time()
 
     def _in_process_fault(self, previous_start: float) -> PendingRecovery:
         """The fault that ended the previous iteration: the newest one fired since it started (an
@@ -255,20 +296,25 @@ class Trainer:
     # -- the wrapped function ---------------------------------------------------------------------
 
     def run(self, call_wrapper: Any = None) -> int:
+        if self.poker is not None:
+            self.poker.delivered()
         iteration = 0 if call_wrapper is None else int(call_wrapper.iteration)
         rank = int(os.environ["RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
+        if rank != self.rank and world_size == self.world_size and self.env.supervised:
+            self._take_index(rank)
         if world_size != self.world_size or rank != self.rank:
             # Shards are per rank of a fixed world: a shrunk world cannot continue in-process.
-            # Exit, so ft_launcher restarts every worker with the full world.
+            # Exit, so ft_launcher restarts every worker with the full world (or, in supervisor
+            # mode, the operator restarts the job).
             log.error(
-                "in-process restart reassigned rank %d/%d to %d/%d; leaving it to ft_launcher",
+                "in-process restart reassigned rank %d/%d to %d/%d; the world cannot go on",
                 self.rank,
                 self.world_size,
                 rank,
                 world_size,
             )
-            os._exit(3)
+            os._exit(WORLD_BROKEN_EXIT_CODE)
         previous_start, self.iteration_started = self.iteration_started, time.time()
         if iteration > 0:
             self.pending = self._in_process_fault(previous_start)
@@ -282,12 +328,14 @@ class Trainer:
             timeout=dt.timedelta(seconds=self.args.pg_timeout),
             device_id=self.device if self.backend == "nccl" else None,
         )
+        if self.env.supervised and self.rank == 0 and iteration == 0:
+            self.pg_store.set(WORLD_FORMED_KEY, str(time.time()))
         try:
             result = self._train(iteration, call_wrapper)
         except BaseException:
             # One statement only: the wrapper's RankShouldRestart arrives asynchronously and may
             # land again in this handler; the next iteration builds the recovery record.
-            self.interrupted_time, self.interrupted_by = time.time(), sys.exc_info()[1]
+            self.interrupted_time, self.interrupted_by = self._delivered(), sys.exc_info()[1]
             raise
         dist.destroy_process_group()
         return result
@@ -329,6 +377,7 @@ class Trainer:
             self.memory.tensors = local_state(model, opt)
             self.memory.step = step + 1
             self.memory.consistent = True
+            self._replicate(step + 1)
             if self.args.step_sleep > 0:
                 time.sleep(self.args.step_sleep)
             loss_value = float(loss.item())
@@ -361,9 +410,55 @@ class Trainer:
         self._finish(steps)
         return 0
 
-    def _resume(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, str]:
+    def _replicate(self, step: int) -> None:
+        """The memory tier: every RTJ_MEMORY_INTERVAL_STEPS steps, this rank's state to a peer on
+        another node, and that peer's to this rank (supervisor mode: a reserve rank that takes a
+        lost rank's index resumes from the copy)."""
+        interval = self.env.memory_interval_steps
+        if not self.env.supervised or interval <= 0 or step % interval != 0 or self.memory.tensors is None:
+            return
+        self.tier.replicate(step, self.memory.tensors)
+
+    def _resume_from_replicas(
+        self, model: torch.nn.Module, opt: torch.optim.Optimizer
+    ) -> tuple[int, str] | None:
+        """Supervisor mode: every index's state from memory, the lost ones' from their replicas."""
         mem = self.memory
-        usable = mem.tensors is not None and mem.consistent and mem.world_size == self.world_size
+        live = (
+            mem.tensors is not None
+            and mem.consistent
+            and mem.rank == self.rank
+            and mem.world_size == self.world_size
+        )
+        reports = replica.gather_reports(
+            self.tier, mem.step if live else -1, self.rank, self.world_size, self.device
+        )
+        plan = replica.plan_resume(reports)
+        if not plan.from_memory:
+            return None
+        expected = replica.layout_of(local_state(model, opt))
+        received = replica.execute_transfers(plan, self.tier, self.rank, expected)
+        if received is not None:
+            restore_local_state(model, opt, received)
+            mem.step = plan.step
+            return plan.step, "memory-replica"
+        assert mem.tensors is not None
+        restore_local_state(model, opt, mem.tensors)
+        mem.step = plan.step
+        return plan.step, "memory"
+
+    def _resume(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, str]:
+        if self.env.supervised and self.env.memory_interval_steps > 0:
+            resumed = self._resume_from_replicas(model, opt)
+            if resumed is not None:
+                return resumed
+        mem = self.memory
+        usable = (
+            mem.tensors is not None
+            and mem.consistent
+            and mem.world_size == self.world_size
+            and mem.rank in (-1, self.rank)
+        )
         mem_step = mem.step if usable else -1
         # Every rank must resume from the same step: memory only if all hold the same intact step.
         agree = torch.tensor([1 if usable else 0, mem_step, -mem_step], dtype=torch.long, device=self.device)
@@ -411,7 +506,7 @@ class Trainer:
             resumed_from=source,
         )
         self.progress.add_event(event)
-        if self.local_rank == 0:
+        if self.reports:
             print(event.log_line(), flush=True)
         return True
 
@@ -489,9 +584,18 @@ class Trainer:
                 flush=True,
             )
 
+    @property
+    def reports(self) -> bool:
+        """Whether this rank reports for its pod: local rank 0, or in supervisor mode the active
+        rank holding the pod's reporting lock."""
+        if self.reporting_lock is not None:
+            self.reporter.enabled = self.reporting_lock.held()
+            return self.reporter.enabled
+        return self.local_rank == 0
+
     def report(self, *, force: bool = False) -> None:
-        """Report progress (local rank 0 only), with the faults this node's ranks blamed on it."""
-        if self.local_rank == 0:
+        """Report progress (one rank per pod), with the faults this node's ranks blamed on it."""
+        if self.reports:
             self.progress.node_faults = self.node_faults.summary()
             self.reporter.report(self.progress, force=force)
 
@@ -537,18 +641,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rtj_trainer.restart import make_wrapper
 
     trainer = Trainer(args, env, drain_mod.install_handler())
+    trainer.poker = MainThreadPoker()
+    trainer.poker.install()
+    # Supervisor mode: the store pod serves the wrapper's store on MASTER_PORT and the process
+    # groups' on the next port; otherwise ft_launcher's is on MASTER_PORT and rank 0 hosts the others.
+    wrapper_port = trainer.master_port + (0 if env.supervised else WRAPPER_STORE_PORT_OFFSET)
     wrapper = make_wrapper(
         env,
         store_host=trainer.master_addr,
-        store_port=trainer.master_port + WRAPPER_STORE_PORT_OFFSET,
-        keep_ports=(
-            trainer.master_port,
-            trainer.master_port + PG_STORE_PORT_OFFSET,
-            trainer.master_port + WRAPPER_STORE_PORT_OFFSET,
-        ),
+        store_port=wrapper_port,
+        keep_ports=(trainer.master_port, trainer.master_port + PG_STORE_PORT_OFFSET, wrapper_port),
+        poker=trainer.poker,
+        active_world_size=trainer.world_size if env.supervised else None,
     )
     try:
         rc = wrapped_entry(wrapper, trainer.run)()
+    except WorldBrokenError as error:
+        log.error("rank %d: %s", trainer.rank, error)
+        trainer.report(force=True)
+        return WORLD_BROKEN_EXIT_CODE
     except BaseException as error:
         # The fault ends this process (in-process restarts off or used up): count it before ft_launcher
         # starts the next one, and tell the operator.

@@ -1,0 +1,150 @@
+"""``rtj-launch`` in supervisor mode: the pod's ranks as its own children, in one fixed world.
+
+Every pod of the job, workers and hot spares alike, starts ``RTJ_NPROC_PER_NODE`` rank processes
+with global ranks ``slot * nproc + local rank`` in a world of ``slots * nproc`` ranks, of which the
+first ``nnodes * nproc`` are active and the rest are NVRx reserve ranks (torch imported, waiting
+inside the in-process wrapper). The world's stores live in the job's store pod (``rtj_trainer.store``).
+There is no ft_launcher and no torchelastic rendezvous: a rank that dies, or a node that is lost,
+is replaced in-process by a reserve rank (``rtj_trainer.restart.reassign``), and the surviving ranks'
+processes go on. So this supervisor does not restart anything: one rank's death leaves its siblings
+running. The pod's exit status: 0 once every local rank has ended and one of them finished the
+training; otherwise the first failure's (the operator then restarts the job: a world that can no
+longer go on, for instance with no reserve rank left, ends every rank with
+``WORLD_BROKEN_EXIT_CODE``).
+
+A pod that starts after the world formed (the replacement of a lost pod: the store holds
+``rtj_trainer.store.WORLD_FORMED_KEY``) cannot join it, since NVRx's world is fixed at its start; it
+holds its node as a standby until the operator deletes it or the job ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+from rtj_trainer import drain
+from rtj_trainer.env import ACTIVE_WORLD_SIZE, TrainerEnv
+from rtj_trainer.store import PG_STORE_OFFSET, WORLD_FORMED_KEY
+
+log = logging.getLogger("rtj_trainer.supervisor")
+
+# A rank's exit status when the in-process world cannot go on (rtj_trainer.train).
+WORLD_BROKEN_EXIT_CODE: Final = 3
+POLL_SECONDS: Final = 0.2
+
+
+def rank_environments(env: TrainerEnv, base: dict[str, str], store_address: str) -> list[dict[str, str]]:
+    """The environment of each local rank process (pure)."""
+    nproc = env.nproc_per_node
+    world = env.slots * nproc
+    out = []
+    for local_rank in range(nproc):
+        out.append(
+            {
+                **base,
+                "RANK": str(env.slot * nproc + local_rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(local_rank),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "GROUP_RANK": str(env.slot),
+                "MASTER_ADDR": store_address,
+                "MASTER_PORT": str(env.store_port),
+                ACTIVE_WORLD_SIZE: str(env.nnodes * nproc),
+            }
+        )
+    return out
+
+
+def world_formed(store_address: str, port: int, timeout: float = 30.0) -> bool:
+    """Whether the world already formed (this pod replaces one it lost): asked of the store pod's
+    process-group store, where rank 0 sets the key when the first iteration starts."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        host_name=store_address,
+        port=port + PG_STORE_OFFSET,
+        is_master=False,
+        wait_for_workers=False,
+        timeout=dt.timedelta(seconds=timeout),
+    )
+    return bool(store.check([WORLD_FORMED_KEY]))
+
+
+def pod_status(codes: Sequence[int]) -> int:
+    """The container's exit status from its ranks' (pure): success when one finished the training
+    and no rank broke the world; else the first failure."""
+    if WORLD_BROKEN_EXIT_CODE in codes:
+        return WORLD_BROKEN_EXIT_CODE
+    if any(code == 0 for code in codes):
+        return 0
+    return next((code for code in codes if code != 0), 1)
+
+
+def _exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def supervise_ranks(
+    command: Sequence[str],
+    envs: Sequence[dict[str, str]],
+    marker: Path,
+    *,
+    preexec: Callable[[], None] | None = None,
+) -> int:
+    """Run one process per environment; forward SIGTERM (after marking the drain) to all of them;
+    wait for all; return the pod's status (``pod_status``)."""
+    received: list[int] = []
+    children: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if signum == signal.SIGTERM:
+            marker.touch()
+        received.append(signum)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    with contextlib.suppress(FileNotFoundError):
+        marker.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        drain.step_file(marker).unlink()
+    for rank_env in envs:
+        children.append(
+            subprocess.Popen(list(command), env={**rank_env, drain.DRAIN_FILE_ENV: str(marker)},
+                             start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509 - no threads yet
+        )  # fmt: skip
+    if received:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, received[0])
+    codes: dict[int, int] = {}
+    while len(codes) < len(children):
+        for index, child in enumerate(children):
+            if index in codes or child.poll() is None:
+                continue
+            codes[index] = _exit_status(child.returncode)
+            if codes[index] != 0 and len(codes) < len(children):
+                log.warning(
+                    "local rank %d ended with status %d; its siblings go on (the world replaces it)",
+                    index,
+                    codes[index],
+                )
+        time.sleep(POLL_SECONDS)
+    status = pod_status([codes[i] for i in range(len(children))])
+    if signal.SIGTERM in received and status != 0:
+        message = drain.termination_message(marker)
+        log.info("%s", message)
+        drain.write_termination_message(message)
+        if drain.step_file(marker).exists():
+            return drain.DRAINED_EXIT_CODE
+    return status
