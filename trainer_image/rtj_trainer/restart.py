@@ -262,8 +262,9 @@ def make_wrapper(
         "health_check": health_check,
         "monitor_thread_interval": seconds(seconds=0.1),
         # Below the progress watchdog interval: hang detection needs it (measured).
-        "monitor_process_interval": seconds(seconds=0.25),
-        "progress_watchdog_interval": seconds(seconds=0.5),
+        "monitor_process_interval": seconds(seconds=0.2),
+        # Also how long a reserve rank's wait may delay its restart (the barrier waits for it).
+        "progress_watchdog_interval": seconds(seconds=0.25),
         # The sibling monitor declares a silent rank (its node lost) unresponsive after the timeout.
         "heartbeat_interval": seconds(seconds=0.5),
         "heartbeat_timeout": seconds(seconds=heartbeat_timeout),
