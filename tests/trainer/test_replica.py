@@ -211,6 +211,9 @@ def test_spares_get_the_lost_ranks_state_from_their_holders_bit_for_bit(
     for role, rank in [("survivor", 0), ("survivor", 1), ("lost", 2), ("lost", 3)]:
         held = result(tmp_path, role, rank)["replicated"]
         assert held == {"replica_of": (rank - STRIDE) % 4, "replica_step": 3, "equal": True}, (role, rank)
+        # Two host buffers take turns: the one of step 1 receives step 3.
+        first, second, third = result(tmp_path, role, rank)["buffers"]
+        assert first == third != second
     expected_plan = {"source": "memory", "step": 3, "transfers": [[0, 2], [1, 3]], "reason": ""}
     for role, rank in [("survivor", 0), ("survivor", 1), ("spare", 2), ("spare", 3)]:
         assert result(tmp_path, role, rank)["plan"] == expected_plan, (role, rank)
@@ -266,9 +269,13 @@ def ring_rank(role: str, rank: int, port: int, out: Path) -> None:
     data: dict[str, Any] = {}
     if role != "spare":
         join("first", rank, 4, port)
+        buffers = []
         for step in (1, 2, 3):
             tier.replicate(step, state_of(rank, step))
+            assert tier.replica is not None
+            buffers.append(tier.replica.payload.data_ptr())
         data["replicated"] = holds(tier, (rank - STRIDE) % 4, 3)
+        data["buffers"] = buffers
         dist.barrier()  # every send delivered before the second node goes
         dist.destroy_process_group()
     if role == "lost":

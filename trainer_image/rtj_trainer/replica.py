@@ -110,8 +110,9 @@ def _slot(flat: torch.Tensor, entry: Entry) -> torch.Tensor:
 
 
 def _host_bytes(nbytes: int) -> torch.Tensor:
-    """A host buffer; pinned where CUDA is available, so copies from and to the GPU are fast."""
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    """A zeroed host buffer (alignment padding included: equal states give equal bytes); pinned
+    where CUDA is available, so copies from and to the GPU are fast."""
+    return torch.zeros(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
 
 
 def flatten_into(tensors: Mapping[str, torch.Tensor], layout: Layout, out: torch.Tensor) -> None:
@@ -199,12 +200,36 @@ def _global(group_rank: int, group: dist.ProcessGroup | None) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
+def _swap_headers(
+    step: int,
+    ranks: tuple[int, int, int],
+    sizes: Sequence[int],
+    device: torch.device,
+    *,
+    group: dist.ProcessGroup | None,
+    timeout: dt.timedelta | None,
+) -> tuple[int, int]:
+    """Send ``[step, rank, *sizes]`` to the holder, receive the source's: its payload and layout
+    sizes. Both sides must be replicating the same step."""
+    rank, holder, source = ranks
+    header = torch.tensor([step, rank, *sizes], dtype=torch.long, device=device)
+    peer_header = torch.empty(HEADER_FIELDS, dtype=torch.long, device=device)
+    _exchange([(header, holder)], [(peer_header, source)], group, timeout)
+    peer_step, peer_rank, nbytes, layout_len = (int(v) for v in peer_header.tolist())
+    if (peer_step, peer_rank) != (step, source):
+        raise RuntimeError(
+            f"replicate of step {step}: rank {source} sent step {peer_step} as rank {peer_rank}"
+        )
+    return nbytes, layout_len
+
+
 # -- the replica a rank holds ---------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class Replica:
-    """Another rank's state at a step, in host memory; never modified once assigned."""
+    """Another rank's state at a step, in host memory. Its buffer is not written while it is the
+    held replica; once replaced, the next :meth:`MemoryTier.replicate` reuses it (copy what you keep)."""
 
     step: int
     of_index: int
@@ -263,14 +288,10 @@ class MemoryTier:
         holder, source = (rank + offset) % world, (rank - offset) % world
         device = wire_device(group)
         send, encoded = self._prepare_send(tensors, device)
-        header = torch.tensor([step, rank, send.numel(), encoded.numel()], dtype=torch.long, device=device)
-        peer_header = torch.empty(HEADER_FIELDS, dtype=torch.long, device=device)
-        _exchange([(header, holder)], [(peer_header, source)], group, timeout)
-        peer_step, peer_rank, nbytes, layout_len = (int(v) for v in peer_header.tolist())
-        if (peer_step, peer_rank) != (step, source):
-            raise RuntimeError(
-                f"replicate of step {step}: rank {source} sent step {peer_step} as rank {peer_rank}"
-            )
+        sizes = [send.numel(), encoded.numel()]
+        nbytes, layout_len = _swap_headers(
+            step, (rank, holder, source), sizes, device, group=group, timeout=timeout
+        )
         spare, self._spare = self._spare_of(nbytes), None  # dropped unless the receive completes
         incoming = spare if device.type == "cpu" else self._wire_buffer(nbytes, device)
         incoming_layout = torch.empty(layout_len, dtype=torch.uint8, device=device)
@@ -299,7 +320,7 @@ class MemoryTier:
             self._send = (
                 _host_bytes(layout.nbytes)
                 if on_host
-                else torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
+                else torch.zeros(layout.nbytes, dtype=torch.uint8, device=device)
             )
         flatten_into(tensors, layout, self._send)
         return self._send, self._encoded_layout.to(device)
