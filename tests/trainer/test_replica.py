@@ -21,12 +21,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from rtj_trainer import model as model_mod
 from rtj_trainer import replica
 from rtj_trainer.replica import Layout, RankReport, ResumePlan, Transfer, plan_resume
 
 STRIDE = 2  # ranks per "node"
 PG_TIMEOUT = dt.timedelta(seconds=60)
 PROCESS_TIMEOUT = 180.0
+MODEL_ROLES = [("survivor", 0), ("lost", 1), ("spare", 1)]
 
 
 def state_of(index: int, step: int) -> dict[str, torch.Tensor]:
@@ -223,6 +225,27 @@ def test_spares_get_the_lost_ranks_state_from_their_holders_bit_for_bit(
     assert result(tmp_path, "spare", 3)["received"] == {"equal": True}
 
 
+def test_a_spare_continues_the_lost_ranks_fsdp_training_exactly(
+    store: dist.TCPStore,
+    tmp_path: Path,
+) -> None:
+    """The example model (FSDP2, Adam) on two ranks of one "node": each step's local state is
+    replicated (to the next rank: a single node). Rank 1 is lost after step 2. In a new world the
+    survivor restores its own step-2 state, a spare that never trained gets rank 1's from rank 0's
+    replica (no expected layout: a fresh optimizer has no state yet), and step 3 of both then equals,
+    bit for bit, the step 3 the original ranks computed."""
+    procs = [start_rank("model", role, r, store.port, tmp_path) for role, r in MODEL_ROLES]
+    wait_all(procs, tmp_path)
+    for role, rank in [("survivor", 0), ("spare", 1)]:
+        plan = result(tmp_path, role, rank)["plan"]
+        assert plan == {"source": "memory", "step": 2, "transfers": [[0, 1]], "reason": ""}, role
+    for rank in (0, 1):
+        reference = torch.load(tmp_path / f"reference-{rank}.pt")
+        resumed = torch.load(tmp_path / f"resumed-{rank}.pt")
+        assert any(k.startswith(model_mod.OPTIM_SHARDED_PREFIX) for k in reference), rank
+        assert same_bytes(resumed, reference), rank
+
+
 @pytest.mark.parametrize(
     ("failure", "error"),
     [("peer-stalls-half-way", "Timed out"), ("peer-dies-half-way", "Connection closed by peer")],
@@ -298,6 +321,56 @@ def ring_rank(role: str, rank: int, port: int, out: Path) -> None:
     write(out, role, rank, data)
 
 
+def fresh_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = model_mod.shard_model(model_mod.build_model(model_mod.ModelConfig(), torch.device("cpu")), "cpu")
+    return model, torch.optim.Adam(model.parameters(), lr=3e-3)
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, rank: int) -> None:
+    cfg = model_mod.ModelConfig()
+    inputs, targets = model_mod.batch_for_step(cfg, step, rank, model_mod.transition_table(cfg))
+    torch.nn.functional.cross_entropy(model(inputs), targets.reshape(-1)).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def copied(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in tensors.items()}
+
+
+def model_rank(role: str, rank: int, port: int, out: Path) -> None:
+    tier = replica.MemoryTier(stride=STRIDE)
+    live: dict[str, torch.Tensor] = {}
+    if role != "spare":
+        join("first", rank, 2, port)
+        model, opt = fresh_model()
+        for step in (0, 1):
+            train_step(model, opt, step, rank)
+            tier.replicate(step + 1, model_mod.local_state(model, opt))
+        live = copied(model_mod.local_state(model, opt))
+        train_step(model, opt, 2, rank)  # what the original ranks make of step 3
+        torch.save(copied(model_mod.local_state(model, opt)), out / f"reference-{rank}.pt")
+        dist.destroy_process_group()
+    if role == "lost":
+        return
+    join("second", rank, 2, port)
+    model, opt = fresh_model()
+    reports = replica.gather_reports(tier, 2 if live else -1, rank, 2, torch.device("cpu"))
+    plan = plan_resume(reports)
+    received = replica.execute_transfers(plan, tier, rank)
+    model_mod.restore_local_state(model, opt, live if received is None else received)
+    train_step(model, opt, 2, rank)
+    torch.save(copied(model_mod.local_state(model, opt)), out / f"resumed-{rank}.pt")
+    transfers = [[t.holder, t.receiver] for t in plan.transfers]
+    write(
+        out,
+        role,
+        rank,
+        {"plan": {"source": plan.source, "step": plan.step, "transfers": transfers, "reason": plan.reason}},
+    )
+    dist.destroy_process_group()
+
+
 def half_way_through_step_3(failure: str, rank: int, state: dict[str, torch.Tensor], port: int) -> None:
     """The peer's side of step 3: the headers are exchanged as ``replicate`` does, then the peer
     either stalls (alive, sends nothing more) or takes the holder's state, sends its own state but
@@ -340,6 +413,8 @@ def main(argv: list[str]) -> None:
     scenario, role, rank, port, out = argv[0], argv[1], int(argv[2]), int(argv[3]), Path(argv[4])
     if scenario == "ring":
         ring_rank(role, rank, port, out)
+    elif scenario == "model":
+        model_rank(role, rank, port, out)
     else:
         interrupted_rank(scenario, role, rank, port, out)
 
