@@ -203,9 +203,10 @@ def test_spares_get_the_lost_ranks_state_from_their_holders_bit_for_bit(
     store: dist.TCPStore,
     tmp_path: Path,
 ) -> None:
-    """Four ranks on two "nodes" replicate three steps; ranks 2 and 3 (the second node) are lost.
-    In a new world, the survivors (same processes, same memory) and two spares that took indices
-    2 and 3 plan a resume from memory at step 3, and the spares receive exactly the lost state."""
+    """Four ranks on two "nodes" replicate three steps; ranks 1 and 3 get their state back from each
+    other (an in-process restart); ranks 2 and 3 (the second node) are lost. In a new world, the
+    survivors (same processes, same memory) and two spares that took indices 2 and 3 plan a resume
+    from memory at step 3, and the spares receive exactly the lost state."""
     procs = [start_rank("ring", "survivor", r, store.port, tmp_path) for r in (0, 1)]
     procs += [start_rank("ring", "lost", r, store.port, tmp_path) for r in (2, 3)]
     procs += [start_rank("ring", "spare", r, store.port, tmp_path) for r in (2, 3)]
@@ -216,6 +217,9 @@ def test_spares_get_the_lost_ranks_state_from_their_holders_bit_for_bit(
         # Two host buffers take turns: the one of step 1 receives step 3.
         first, second, third = result(tmp_path, role, rank)["buffers"]
         assert first == third != second
+        swap = result(tmp_path, role, rank)["swap"]
+        assert swap["plan"] == {"source": "memory", "step": 3, "transfers": [[3, 1], [1, 3]], "reason": ""}
+        assert swap["equal"] is (True if rank % 2 else None), (role, rank)
     expected_plan = {"source": "memory", "step": 3, "transfers": [[0, 2], [1, 3]], "reason": ""}
     for role, rank in [("survivor", 0), ("survivor", 1), ("spare", 2), ("spare", 3)]:
         assert result(tmp_path, role, rank)["plan"] == expected_plan, (role, rank)
@@ -287,6 +291,20 @@ def write(out: Path, role: str, rank: int, data: dict[str, Any]) -> None:
     (out / f"{role}-{rank}.json").write_text(json.dumps(data))
 
 
+def plan_json(plan: ResumePlan) -> dict[str, Any]:
+    transfers = [[t.holder, t.receiver] for t in plan.transfers]
+    return {"source": plan.source, "step": plan.step, "transfers": transfers, "reason": plan.reason}
+
+
+def swap_odd_ranks_state(tier: replica.MemoryTier, rank: int) -> dict[str, Any]:
+    """An in-process restart in the first world: ranks 1 and 3 lost their live state (say, in the
+    middle of an optimizer step) and each holds the other's replica: both send and receive."""
+    live_step = -1 if rank % 2 else 3
+    plan = plan_resume(replica.gather_reports(tier, live_step, rank, 4, torch.device("cpu")))
+    state = replica.execute_transfers(plan, tier, rank, Layout.of(state_of(rank, 0)))
+    return {"plan": plan_json(plan), "equal": None if state is None else same_bytes(state, state_of(rank, 3))}
+
+
 def ring_rank(role: str, rank: int, port: int, out: Path) -> None:
     tier = replica.MemoryTier(stride=STRIDE)
     data: dict[str, Any] = {}
@@ -299,6 +317,7 @@ def ring_rank(role: str, rank: int, port: int, out: Path) -> None:
             buffers.append(tier.replica.payload.data_ptr())
         data["replicated"] = holds(tier, (rank - STRIDE) % 4, 3)
         data["buffers"] = buffers
+        data["swap"] = swap_odd_ranks_state(tier, rank)
         dist.barrier()  # every send delivered before the second node goes
         dist.destroy_process_group()
     if role == "lost":
@@ -308,12 +327,7 @@ def ring_rank(role: str, rank: int, port: int, out: Path) -> None:
     live_step = 3 if role == "survivor" else -1
     reports = replica.gather_reports(tier, live_step, rank, 4, torch.device("cpu"))
     plan = plan_resume(reports)
-    data["plan"] = {
-        "source": plan.source,
-        "step": plan.step,
-        "transfers": [[t.holder, t.receiver] for t in plan.transfers],
-        "reason": plan.reason,
-    }
+    data["plan"] = plan_json(plan)
     expected = Layout.of(state_of(rank, 0))
     state = replica.execute_transfers(plan, tier, rank, expected)
     data["received"] = None if state is None else {"equal": same_bytes(state, state_of(rank, 3))}
@@ -361,13 +375,7 @@ def model_rank(role: str, rank: int, port: int, out: Path) -> None:
     model_mod.restore_local_state(model, opt, live if received is None else received)
     train_step(model, opt, 2, rank)
     torch.save(copied(model_mod.local_state(model, opt)), out / f"resumed-{rank}.pt")
-    transfers = [[t.holder, t.receiver] for t in plan.transfers]
-    write(
-        out,
-        role,
-        rank,
-        {"plan": {"source": plan.source, "step": plan.step, "transfers": transfers, "reason": plan.reason}},
-    )
+    write(out, role, rank, {"plan": plan_json(plan)})
     dist.destroy_process_group()
 
 
