@@ -144,7 +144,14 @@ def test_plan_falls_back_to_the_checkpoint() -> None:
     lost_with_holder[2], lost_with_holder[4] = report(2, -1), report(4, -1)
     older_replica = [report(0, 7, 2, 7), report(1, 7, 3, 6), report(2, -1), report(3, -1)]
     cases = {
-        "live states are at different steps \\[6, 7\\]": ring(4, 7, live={1: 6}),
+        # Index 1 is a step behind and nobody holds its step-7 state; at step 6 index 0 has neither
+        # a live state, nor a snapshot, nor a replica anywhere.
+        "no live state or replica of step 7 for index 1; no live state or replica of step 6 for index 0": [
+            report(0, 7, 2, 6),
+            report(1, 6, 3, 6),
+            report(2, 7),
+            report(3, 7, 1, 6),
+        ],
         "no live state or replica of step 7 for index 2": lost_with_holder,
         # Index 3's replica is older than the survivors' live state.
         "no live state or replica of step 7 for index 3": older_replica,
@@ -155,6 +162,22 @@ def test_plan_falls_back_to_the_checkpoint() -> None:
         assert plan.source == "checkpoint" and plan.transfers == (), reason
         assert plan.step == -1
         assert re.fullmatch(reason, plan.reason), (reason, plan.reason)
+
+
+def test_plan_rolls_survivors_back_to_their_snapshot_when_a_peer_was_lost_mid_exchange() -> None:
+    # The survivors' live states went on to step 8, but the lost ranks (indices 2 and 3, now spares
+    # with nothing) had not sent theirs: the replicas and the survivors' own snapshots are at 7.
+    reports = [
+        RankReport(0, 8, 2, 7, own_step=7),
+        RankReport(1, 8, 3, 7, own_step=7),
+        RankReport(2, -1, -1, -1),
+        RankReport(3, -1, -1, -1),
+    ]
+    plan = plan_resume(reports)
+    assert plan == ResumePlan("memory", 7, (Transfer(0, 2), Transfer(1, 3)), snapshots=(0, 1))
+    # Were the replicas at 8 too, everyone would resume at 8 with no snapshot.
+    newer = [RankReport(0, 8, 2, 8, 8), RankReport(1, 8, 3, 8, 8), reports[2], reports[3]]
+    assert plan_resume(newer) == ResumePlan("memory", 8, (Transfer(0, 2), Transfer(1, 3)))
 
 
 def test_plan_for_a_world_of_one() -> None:
@@ -298,9 +321,12 @@ def plan_json(plan: ResumePlan) -> dict[str, Any]:
 
 def swap_odd_ranks_state(tier: replica.MemoryTier, rank: int) -> dict[str, Any]:
     """An in-process restart in the first world: ranks 1 and 3 lost their live state (say, in the
-    middle of an optimizer step) and each holds the other's replica: both send and receive."""
+    middle of an optimizer step) and each holds the other's replica: both send and receive. (Their
+    own snapshots would serve them without an exchange: set aside here, as if lost too.)"""
     live_step = -1 if rank % 2 else 3
+    own, tier.own = tier.own, (None if rank % 2 else tier.own)
     plan = plan_resume(replica.gather_reports(tier, live_step, rank, 4, torch.device("cpu")))
+    tier.own = own
     state = replica.execute_transfers(plan, tier, rank, Layout.of(state_of(rank, 0)))
     return {"plan": plan_json(plan), "equal": None if state is None else same_bytes(state, state_of(rank, 3))}
 

@@ -38,7 +38,7 @@ import torch.distributed as dist
 ALIGNMENT = 64
 """Bytes every tensor's offset in a flat buffer is a multiple of (any dtype can be viewed there)."""
 
-REPORT_FIELDS = 4
+REPORT_FIELDS = 5
 HEADER_FIELDS = 4
 
 
@@ -254,9 +254,13 @@ class MemoryTier:
         self.replica: Replica | None = None
         self.last_seconds = 0.0
         """Wall time of the latest successful :meth:`replicate`, flatten included."""
+        self.own: OwnSnapshot | None = None
+        """This rank's own state as it sent it in the latest successful :meth:`replicate`: a
+        survivor whose live state went one step past the replicas (a peer lost in the middle of an
+        exchange) rolls back to it."""
         self._layout: Layout | None = None
         self._encoded_layout = torch.empty(0, dtype=torch.uint8)
-        self._send: torch.Tensor | None = None
+        self._sends: list[torch.Tensor | None] = [None, None]
         self._wire_in: torch.Tensor | None = None
         self._spare: torch.Tensor | None = None
 
@@ -305,6 +309,8 @@ class MemoryTier:
             spare.copy_(incoming)
         previous = self.replica
         self.replica = Replica(step, source, world, spare, incoming_layout.cpu())
+        assert self._layout is not None
+        self.own = OwnSnapshot(step, rank, world, send, self._layout)
         self._spare = previous.payload if previous is not None else None
         self.last_seconds = time.perf_counter() - started
 
@@ -313,17 +319,22 @@ class MemoryTier:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         layout = Layout.of(tensors)
         if layout != self._layout:
-            self._layout, self._send = layout, None
+            self._layout, self._sends, self.own = layout, [None, None], None
             self._encoded_layout = layout.encode()
-        if self._send is None or self._send.device != device:
+        # Two send buffers take turns: the one holding the own snapshot stays as it is until the
+        # next exchange completes.
+        turn = 1 if self.own is not None and self.own.payload is self._sends[0] else 0
+        send = self._sends[turn]
+        if send is None or send.device != device:
             on_host = device.type == "cpu"
-            self._send = (
+            send = (
                 _host_bytes(layout.nbytes)
                 if on_host
                 else torch.zeros(layout.nbytes, dtype=torch.uint8, device=device)
             )
-        flatten_into(tensors, layout, self._send)
-        return self._send, self._encoded_layout.to(device)
+            self._sends[turn] = send
+        flatten_into(tensors, layout, send)
+        return send, self._encoded_layout.to(device)
 
     def _spare_of(self, nbytes: int) -> torch.Tensor:
         if self._spare is not None and self._spare.numel() == nbytes:
@@ -340,15 +351,29 @@ class MemoryTier:
 
 
 @dataclasses.dataclass(frozen=True)
+class OwnSnapshot:
+    """A rank's own state (index ``index`` of a world of ``world_size``) after ``step`` steps, as
+    sent to its holder: the send buffer of the latest successful exchange."""
+
+    step: int
+    index: int
+    world_size: int
+    payload: torch.Tensor
+    layout: Layout
+
+
+@dataclasses.dataclass(frozen=True)
 class RankReport:
     """What one rank can contribute to a resume. ``index``: the rank index it now holds;
     ``live_step``: the step of the consistent state of that index it holds itself, or -1;
-    ``replica_of`` / ``replica_step``: the index and step of the replica it holds, or -1."""
+    ``replica_of`` / ``replica_step``: the index and step of the replica it holds, or -1;
+    ``own_step``: the step of its own snapshot of that index (``MemoryTier.own``), or -1."""
 
     index: int
     live_step: int
     replica_of: int
     replica_step: int
+    own_step: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,6 +393,8 @@ class ResumePlan:
     step: int = -1
     transfers: tuple[Transfer, ...] = ()
     reason: str = ""
+    snapshots: tuple[int, ...] = ()
+    """Ranks that resume from their own snapshot (``MemoryTier.own``) rather than their live state."""
 
 
 def _checkpoint(reason: str) -> ResumePlan:
@@ -383,22 +410,35 @@ def plan_resume(reports: Sequence[RankReport]) -> ResumePlan:
         raise ValueError(
             f"reports must be of indices 0..{world - 1} in order, got {[r.index for r in reports]}"
         )
-    live_steps = {r.live_step for r in reports if r.live_step >= 0}
-    if not live_steps:
+    if not any(r.live_step >= 0 for r in reports):
         return _checkpoint("no rank holds a live state")
-    if len(live_steps) > 1:
-        return _checkpoint(f"live states are at different steps {sorted(live_steps)}")
-    step = live_steps.pop()
+    candidates = {r.live_step for r in reports if r.live_step >= 0}
+    candidates |= {r.own_step for r in reports if r.own_step >= 0}
+    reasons = []
+    for step in sorted(candidates, reverse=True):
+        plan = _plan_at(reports, step)
+        if plan.source == "memory":
+            return plan
+        reasons.append(plan.reason)
+    return _checkpoint("; ".join(reasons))
+
+
+def _plan_at(reports: Sequence[RankReport], step: int) -> ResumePlan:
+    """Every index at ``step``: live state, else own snapshot, else a replica held by a rank."""
     holders = {r.replica_of: r.index for r in reports if r.replica_step == step and r.replica_of >= 0}
     transfers: list[Transfer] = []
+    snapshots: list[int] = []
     for report in reports:
-        if report.live_step >= 0:
+        if report.live_step == step:
+            continue
+        if report.own_step == step:
+            snapshots.append(report.index)
             continue
         holder = holders.get(report.index)
         if holder is None:
             return _checkpoint(f"no live state or replica of step {step} for index {report.index}")
         transfers.append(Transfer(holder, report.index))
-    return ResumePlan("memory", step, tuple(transfers))
+    return ResumePlan("memory", step, tuple(transfers), snapshots=tuple(snapshots))
 
 
 def gather_reports(
@@ -416,7 +456,9 @@ def gather_reports(
     replica = tier.replica
     usable = replica is not None and replica.world_size == world
     of_index, replica_step = (replica.of_index, replica.step) if usable and replica is not None else (-1, -1)
-    mine = torch.tensor([rank, live_step, of_index, replica_step], dtype=torch.long, device=device)
+    own = tier.own
+    own_step = own.step if own is not None and (own.index, own.world_size) == (rank, world) else -1
+    mine = torch.tensor([rank, live_step, of_index, replica_step, own_step], dtype=torch.long, device=device)
     gathered = [torch.empty(REPORT_FIELDS, dtype=torch.long, device=device) for _ in range(world)]
     dist.all_gather(gathered, mine, group=group)
     return [RankReport(*(int(v) for v in t.tolist())) for t in gathered]
@@ -503,3 +545,12 @@ def _layout_difference(got: Layout, expected: Layout) -> str:
         f" {len(expected_entries - got_entries)} missing"
         f" (first: {min(expected_entries - got_entries, key=lambda e: e.name, default=None)})"
     )
+
+
+def own_state(tier: MemoryTier) -> dict[str, torch.Tensor]:
+    """This rank's own snapshot as tensors by name (host views into the snapshot's buffer)."""
+    own = tier.own
+    if own is None:
+        raise RuntimeError("this rank holds no snapshot of its own state")
+    host = own.payload if own.payload.device.type == "cpu" else own.payload.to("cpu")
+    return unflatten(host, own.layout)

@@ -435,14 +435,22 @@ class Trainer:
             self.tier, mem.step if live else -1, self.rank, self.world_size, self.device
         )
         plan = replica.plan_resume(reports)
-        if not plan.from_memory:
+        if plan.source != "memory":
+            log.info("rank %d: not resuming from memory: %s", self.rank, plan.reason)
             return None
-        expected = replica.layout_of(local_state(model, opt))
-        received = replica.execute_transfers(plan, self.tier, self.rank, expected)
+        # Adam's state is created lazily: a fresh optimizer has no layout to check against, and
+        # restore_local_state checks every shape.
+        received = replica.execute_transfers(plan, self.tier, self.rank)
         if received is not None:
             restore_local_state(model, opt, received)
             mem.step = plan.step
             return plan.step, "memory-replica"
+        if self.rank in plan.snapshots:
+            # A peer was lost in the middle of an exchange: every rank goes back to the step the
+            # replicas hold, this one from the copy of its state it sent.
+            restore_local_state(model, opt, replica.own_state(self.tier))
+            mem.step = plan.step
+            return plan.step, "memory"
         assert mem.tensors is not None
         restore_local_state(model, opt, mem.tensors)
         mem.step = plan.step
