@@ -187,3 +187,25 @@ def test_the_wrapper_store_never_hosts_even_on_rank_0(monkeypatch: pytest.Monkey
             wait_for_workers=False,
             timeout=dt.timedelta(seconds=1),
         )
+
+
+def test_the_termination_barrier_takes_ranks_as_the_store_returns_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RANK", "2")
+    port = _free_port_pair()
+    servers = store.serve(port, host="127.0.0.1")
+    try:
+        client = StoreClient(host_name="127.0.0.1", port=port, world_size=4, wait_for_workers=False)
+        client.set_initial_rank(0, 0)
+        lost = client.get_initial_ranks([0])  # bytes, as the sibling monitor gets them
+        client.termination_barrier(ranks=lost, rendezvous_count=4, timeout=dt.timedelta(0))
+        # A surviving rank's own barrier at its shutdown reads what the monitor wrote.
+        client.termination_barrier(ranks=[2], rendezvous_count=4, timeout=dt.timedelta(0))
+        assert sorted(
+            client.get_packed(f"{client.BARRIER_PREFIX}:reentrant_barrier:termination_barrier:arrived", ",")[
+                :2
+            ]
+        ) == ["0", "2"]
+    finally:
+        del servers
