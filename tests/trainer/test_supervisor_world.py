@@ -92,27 +92,28 @@ def _max_step(tmp: Path) -> int:
 
 @contextlib.contextmanager
 def _store(port: int, tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
-    log = (tmp / "store.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rtj_trainer.store", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT
-    )
+    with (tmp / "store.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rtj_trainer.store", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         yield proc
     finally:
         proc.terminate()
         proc.wait(30)
-        log.close()
 
 
 def _start_pod(tmp: Path, env: dict[str, str], slot: int) -> subprocess.Popen[bytes]:
-    log = (tmp / f"pod-{slot}.log").open("ab")
-    return subprocess.Popen(
-        [str(BIN / "rtj-launch"), "--", "rtj-train", "--steps", str(STEPS), "--step-sleep", "0.1"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with (tmp / f"pod-{slot}.log").open("ab") as log:
+        return subprocess.Popen(
+            [str(BIN / "rtj-launch"), "--", "rtj-train", "--steps", str(STEPS), "--step-sleep", "0.1"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _kill_node(slot: int) -> int:
@@ -129,10 +130,11 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 
 def _events(tmp: Path) -> list[dict[str, Any]]:
-    seen: dict[tuple[str, float], dict[str, Any]] = {}
+    """Each pod's recovery events, once each (every report repeats the recent ones)."""
+    seen: dict[tuple[int, str, float], dict[str, Any]] = {}
     for report in _progress(tmp):
         for event in report.get("events", []):
-            seen[(event["kind"], round(float(event["faultEpoch"]), 3))] = event
+            seen[(report["nodeRank"], event["kind"], round(float(event["faultEpoch"]), 3))] = event
     return sorted(seen.values(), key=lambda e: float(e["faultEpoch"]))
 
 
@@ -142,6 +144,7 @@ def test_every_fault_class_is_recovered_in_process_from_memory(tmp_path: Path, s
     port = _free_port_pair()
     slots = 4
     pods: dict[int, subprocess.Popen[bytes]] = {}
+    standby: subprocess.Popen[bytes] | None = None
     with _store(port, tmp_path):
         try:
             for slot in range(slots):
@@ -151,9 +154,15 @@ def test_every_fault_class_is_recovered_in_process_from_memory(tmp_path: Path, s
             # Worker 0's node, lost once the hang is recovered: its ranks and the store's host rank
             # under ft_launcher; here an ordinary loss.
             _wait(lambda: _max_step(tmp_path) >= 60, 400, "step 60")
+            step_at_loss = _max_step(tmp_path)
             killed = _kill_node(0)
             assert killed >= 1 + 2 * NPROC  # rtj-launch, the ranks and their monitor processes
             lost_at = time.time()
+            _wait(lambda: _max_step(tmp_path) > step_at_loss + 1, 120, "training after the loss")
+            print(
+                f"worker 0's node lost at step {step_at_loss}:"
+                f" training again {time.time() - lost_at:.1f} s later"
+            )
             # The replacement pod of worker 0 starts after the world formed: it stands by.
             standby = _start_pod(tmp_path, _pod_env(tmp_path, port, 0, slots, faults, short_tmp), 0)
             for slot in (1, 2, 3):
@@ -164,16 +173,21 @@ def test_every_fault_class_is_recovered_in_process_from_memory(tmp_path: Path, s
         finally:
             for slot in range(slots):
                 _kill_node(slot)
+            for pod in [*pods.values(), *([standby] if standby is not None else [])]:
+                pod.wait(30)
     log0 = (tmp_path / "pod-0.log").read_text()
     assert "standing by" in log0
     events = _events(tmp_path)
-    assert [e["kind"] for e in events] == ["InProcessRestart"] * 4, events
-    exception, sigkill, hang, node_loss = events
-    assert exception["resumedFrom"] == "memory" and exception["step"] == 10
-    assert sigkill["resumedFrom"] == "memory-replica" and sigkill["step"] == 25
-    assert hang["resumedFrom"] == "memory" and hang["step"] == 40
-    assert node_loss["resumedFrom"] == "memory-replica" and float(node_loss["faultEpoch"]) >= lost_at - 30
-    assert [e["stepsLost"] for e in events] == [0, 0, 0, 0]
+    by_step: dict[int, set[str]] = {}
+    for event in events:
+        by_step.setdefault(int(event["step"]), set()).add(event["resumedFrom"])
+    assert all(e["kind"] == "InProcessRestart" and e["stepsLost"] == 0 for e in events), events
+    # The exception and the hang: every rank from its own memory. The SIGKILL and the lost node:
+    # the reserve ranks that took the lost indices from their replicas (the survivors from memory).
+    assert by_step[10] == {"memory"} and by_step[40] == {"memory"}, by_step
+    assert by_step[25] == {"memory", "memory-replica"}, by_step
+    after_loss = {e["resumedFrom"] for e in events if float(e["recoveredEpoch"]) > lost_at}
+    assert after_loss == {"memory", "memory-replica"}, events
     final = [r for r in _progress(tmp_path) if r.get("finished")]
     assert final and all(r["step"] == STEPS for r in final)
     logs = "".join((tmp_path / f"pod-{slot}.log").read_text() for slot in range(slots))

@@ -638,6 +638,25 @@ class Trainer:
         self.heartbeats.close()
 
 
+def warm_up(cfg: ModelConfig, device: torch.device, lr: float) -> None:
+    """One step of an unsharded copy of the model, outside the in-process wrapper, before training.
+
+    The first optimizer step imports torch's compiler front end (torch._dynamo, seconds of CPU);
+    a reserve rank activated later would pay that inside its first step, past the soft timeout, and
+    an interruption in the middle of the import leaves the module half-registered for good
+    (measured: "Duplicate dispatch rule" on every later attempt, until the restart budget ran out).
+    """
+    import torch._dynamo
+
+    model = build_model(cfg, device)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    inputs, targets = batch_for_step(cfg, 0, 0, transition_table(cfg))
+    logits = model(inputs.to(device))
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab), targets.to(device).reshape(-1))
+    loss.backward()  # type: ignore[no-untyped-call]
+    opt.step()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -663,6 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         poker=trainer.poker,
         active_world_size=trainer.world_size if env.supervised else None,
     )
+    warm_up(trainer.cfg, trainer.device, trainer.args.lr)
     # Everything imported and built so far lives as long as the process: out of the collector's
     # sight, NVRx's full collection between two in-process iterations takes microseconds instead of
     # the ~0.4 s a pass over torch's objects costs (each restart runs it until nothing is freed).
