@@ -51,6 +51,13 @@ CHECKPOINT_DIR_OWNER: Final = "RTJ_CHECKPOINT_DIR_OWNER"
 # User-set (spec.env), not rendered: "direct" makes rtj-launch exec the command without ft_launcher.
 LAUNCH_MODE: Final = "RTJ_LAUNCH_MODE"
 LAUNCH_MODE_DIRECT: Final = "direct"
+# Rendered under faultTolerance.launcher Supervisor only (on workers and spares), with LAUNCH_MODE.
+LAUNCH_MODE_SUPERVISOR: Final = "supervisor"
+SLOT: Final = "RTJ_SLOT"
+SLOTS: Final = "RTJ_SLOTS"
+STORE_HOST: Final = "RTJ_STORE_HOST"
+STORE_PORT: Final = "RTJ_STORE_PORT"
+MEMORY_INTERVAL_STEPS: Final = "RTJ_MEMORY_INTERVAL_STEPS"
 
 # Every name of the contract, for the test that compares them with the operator's renderer.
 CONTRACT_NAMES: Final = (
@@ -84,6 +91,12 @@ CONTRACT_NAMES: Final = (
     PROGRESS_PORT,
     FAULTS,
     TERMINATION_MESSAGE_PATH,
+    LAUNCH_MODE,
+    SLOT,
+    SLOTS,
+    STORE_HOST,
+    STORE_PORT,
+    MEMORY_INTERVAL_STEPS,
 )
 
 ROLE_WORKER: Final = "worker"
