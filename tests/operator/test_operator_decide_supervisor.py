@@ -184,3 +184,18 @@ def test_suspending_removes_the_store_pod_and_resuming_brings_it_back_first() ->
     world.settle()
     assert pod_creates(world, mark)[0] == STORE_POD
     assert world.status()["state"] == "Running" and world.status()["store"]["state"] == "Running"
+
+
+def test_a_spare_whose_ranks_finished_with_the_world_is_kept_not_replaced() -> None:
+    world = supervisor_world(hotSpares=1)
+    spare = world.pod(SPARE, 0)["metadata"]["uid"]  # type: ignore[index]
+    world.set_pod(SPARE, 0, lambda p: p.update(status={"phase": "Succeeded"}))
+    mark = len(world.actions_applied)
+    world.reconcile()
+    assert world.pod(SPARE, 0)["metadata"]["uid"] == spare  # type: ignore[index]
+    assert not world.pod(SPARE, 0)["metadata"].get("deletionTimestamp")  # type: ignore[index]
+    assert pod_creates(world, mark) == []
+    for index in range(2):
+        world.set_pod(WORKER, index, lambda p: p.update(status={"phase": "Succeeded"}))
+    world.reconcile()
+    assert world.status()["state"] == "Succeeded"

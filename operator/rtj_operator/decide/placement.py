@@ -301,6 +301,11 @@ def run_spare(run: PassState, index: int) -> None:
         entry.reset()
         run.delete_pod(pod, force=True)
         return
+    if pod.phase == "Succeeded" and run.job.supervisor and not pod.disruption:
+        # Its ranks were the world's (reserve ones, or active ones that took over a lost rank's
+        # index) and the world finished: kept, as a worker that succeeded is.
+        sync_entry_from_pod(entry, pod)
+        return
     if pod.phase in {"Failed", "Succeeded"} or pod.disruption:
         entry.reset()
         run.delete_pod(pod, force=False)
