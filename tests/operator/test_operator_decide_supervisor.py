@@ -199,3 +199,46 @@ def test_a_spare_whose_ranks_finished_with_the_world_is_kept_not_replaced() -> N
         world.set_pod(WORKER, index, lambda p: p.update(status={"phase": "Succeeded"}))
     world.reconcile()
     assert world.status()["state"] == "Succeeded"
+
+
+def test_workers_failing_while_the_store_pods_node_is_in_doubt_wait_for_its_fate() -> None:
+    world = supervisor_world(failurePolicy={"nodeLossGraceSeconds": 20})
+    store_node = world.pods[STORE_POD]["spec"]["nodeName"]
+    world.node_not_ready(store_node)
+    world.tick(5)
+    for index in range(2):
+        world.set_pod(WORKER, index, lambda p: p.update(status={"phase": "Failed", "message": "store gone"}))
+    plan = world.reconcile()
+    assert world.status()["restarts"]["podReplacement"] == 0 and events.GANG_RESTART not in world.reasons()
+    assert plan.requeue_after is not None and plan.requeue_after <= 15
+    world.tick(16)
+    world.reconcile()
+    status = world.status()
+    # One fault, the node's: a NodeLoss charged once, the workers' failures its consequence.
+    assert status["restarts"]["podReplacement"] == 1 and status["budget"]["failuresUsed"] == 1
+    assert world.reasons().count(events.GANG_RESTART) == 1 and events.STORE_LOST in world.reasons()
+    assert events.WORKER_FAILED in world.reasons()
+    assert status["nodeFaults"][0]["nodeName"] == store_node
+
+
+def test_a_store_node_loss_seen_first_as_the_workers_failure_is_still_recorded() -> None:
+    world = supervisor_world()
+    store_node = world.pods[STORE_POD]["spec"]["nodeName"]
+    # The node died a moment ago: its kubelet is gone, the node is not yet marked NotReady.
+    for index in range(2):
+        world.set_pod(WORKER, index, lambda p: p.update(status={"phase": "Failed", "message": "store gone"}))
+    world.reconcile()
+    assert world.reasons().count(events.GANG_RESTART) == 1 and events.STORE_LOST not in world.reasons()
+    assert world.status()["store"]["state"] == "Replacing"
+    world.node_not_ready(store_node)
+    world.tick(11)
+    plan = world.reconcile()
+    assert events.NODE_LOST in world.reasons()
+    assert world.status()["nodeFaults"][0]["nodeName"] == store_node
+    assert world.status()["restarts"]["podReplacement"] == 1  # charged once, by the gang restart
+    assert any(
+        isinstance(a, decide.DeletePod) and a.name == STORE_POD and a.grace_seconds == 0 for a in plan.actions
+    )
+    world.settle()
+    assert world.pods[STORE_POD]["spec"]["nodeName"] != store_node
+    assert world.status()["state"] == "Running"
