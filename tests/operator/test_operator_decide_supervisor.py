@@ -242,3 +242,19 @@ def test_a_store_node_loss_seen_first_as_the_workers_failure_is_still_recorded()
     world.settle()
     assert world.pods[STORE_POD]["spec"]["nodeName"] != store_node
     assert world.status()["state"] == "Running"
+
+
+def test_a_job_resumed_at_once_waits_for_its_old_store_pod_to_go() -> None:
+    world = supervisor_world()
+    world.job["spec"]["suspend"] = True
+    world.reconcile()
+    assert world.pods[STORE_POD]["metadata"].get("deletionTimestamp")
+    for name in [n for n in world.pods if n != STORE_POD]:
+        del world.pods[name]  # the workers' kubelets were quicker than the store's
+    world.job["spec"]["suspend"] = False
+    mark = len(world.actions_applied)
+    world.reconcile()
+    assert pod_creates(world, mark) == []
+    world.kubelets()
+    world.reconcile()
+    assert pod_creates(world, mark) == [STORE_POD, "train-worker-0", "train-worker-1"]

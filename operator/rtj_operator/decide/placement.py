@@ -80,9 +80,13 @@ def create_store(run: PassState) -> None:
 
 
 def store_allows_pods(run: PassState) -> bool:
-    """Whether workers and spares may be created: not while a gang restart waits for the old store
-    pod to go (Supervisor), lest they meet the broken world's store."""
-    return not run.job.supervisor or run.entry(*STORE_KEY).state != EntryState.REPLACING
+    """Whether workers and spares may be created (Supervisor): not while a gang restart waits for the
+    old store pod to go, nor while a store pod terminates (a suspended job's, resumed at once), lest
+    they meet an old world's store."""
+    if not run.job.supervisor:
+        return True
+    pod = run.pod(*STORE_KEY)
+    return run.entry(*STORE_KEY).state != EntryState.REPLACING and not (pod is not None and pod.deleting)
 
 
 def run_worker(run: PassState, index: int) -> None:
