@@ -258,3 +258,14 @@ def test_a_job_resumed_at_once_waits_for_its_old_store_pod_to_go() -> None:
     world.kubelets()
     world.reconcile()
     assert pod_creates(world, mark) == [STORE_POD, "train-worker-0", "train-worker-1"]
+
+
+def test_an_ft_launcher_job_has_no_store_pod_and_still_restarts_the_gang_for_worker_zero() -> None:
+    world = World.with_nodes(job_body(nodes=2, hotSpares=1), 5)
+    world.settle()
+    assert STORE_POD not in world.pods and "store" not in world.status()
+    world.node_not_ready(node_of(world, WORKER, 0))
+    world.tick(11)
+    world.settle()
+    assert world.reasons().count(events.GANG_RESTART) == 1 and events.SPARE_USED in world.reasons()
+    assert STORE_POD not in world.pods and "store" not in world.status()
