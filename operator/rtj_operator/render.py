@@ -389,8 +389,11 @@ def _same_topology_affinity(job: ResilientTrainingJob) -> dict[str, Any] | None:
 
 
 def _disruption_annotations(job: ResilientTrainingJob, role: str) -> dict[str, str]:
-    """karpenter.sh/do-not-disrupt on workers when spec.disruption.doNotDisrupt (spares may go)."""
-    if role == constants.ROLE_WORKER and job.spec.disruption.do_not_disrupt:
+    """karpenter.sh/do-not-disrupt when spec.disruption.doNotDisrupt: on workers, and under Supervisor
+    on the spares (they run ranks of the world) and the store pod (its loss restarts every pod);
+    FtLauncher's spares may go."""
+    protected = role == constants.ROLE_WORKER or is_supervisor(job)
+    if protected and job.spec.disruption.do_not_disrupt:
         return {constants.ANNOTATION_DO_NOT_DISRUPT: "true"}
     return {}
 
@@ -682,8 +685,9 @@ def render_store_pod(
     name = names.store_pod_name(job.name)
     metadata = _metadata(job, name, owner)
     metadata["labels"] = {**spec.pod_labels, **metadata["labels"], constants.LABEL_ROLE: constants.ROLE_STORE}
-    if spec.pod_annotations:
-        metadata["annotations"] = dict(spec.pod_annotations)
+    annotations = {**spec.pod_annotations, **_disruption_annotations(job, constants.ROLE_STORE)}
+    if annotations:
+        metadata["annotations"] = annotations
     pod_spec: dict[str, Any] = {
         "hostname": name,
         "subdomain": names.service_name(job.name),

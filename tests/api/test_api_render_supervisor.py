@@ -182,3 +182,19 @@ def test_the_store_pod_stays_out_of_the_gang() -> None:
     assert constants.LABEL_KUEUE_QUEUE not in store["metadata"]["labels"]
     worker = render.render_worker_pod(the_job, 0)
     assert worker["metadata"]["annotations"][constants.ANNOTATION_KUEUE_POD_GROUP_TOTAL] == "5"
+
+
+def test_do_not_disrupt_covers_the_spares_that_run_ranks_and_the_store_pod() -> None:
+    the_job = job(disruption={"doNotDisrupt": True})
+    pods = (
+        render.render_worker_pod(the_job, 0),
+        render.render_spare_pod(the_job, 1),
+        render.render_store_pod(the_job),
+    )
+    for pod in pods:
+        assert pod["metadata"]["annotations"][constants.ANNOTATION_DO_NOT_DISRUPT] == "true"
+    assert "annotations" not in render.render_store_pod(job())["metadata"]
+    plain = job(disruption={"doNotDisrupt": True}, faultTolerance={})
+    assert constants.ANNOTATION_DO_NOT_DISRUPT not in render.render_spare_pod(plain, 0)["metadata"].get(
+        "annotations", {}
+    )

@@ -679,7 +679,8 @@ class DisruptionSpec(ApiModel):
 
     do_not_disrupt: Flag = Field(
         default=False,
-        description='doNotDisrupt annotates the worker pods karpenter.sh/do-not-disrupt: "true", so '
+        description='doNotDisrupt annotates the worker pods karpenter.sh/do-not-disrupt: "true" (the '
+        "spare pods and the store pod too under faultTolerance.launcher Supervisor), so "
         "Karpenter does not consolidate or expire their nodes. Optional; default: false.",
     )
     pod_disruption_budget: PodDisruptionBudgetSpec | None = Field(
