@@ -18,7 +18,7 @@ CATEGORIES: Final = ("resilient-training",)
 
 # Labels on every child object.
 LABEL_JOB: Final = f"{GROUP}/job-name"
-LABEL_ROLE: Final = f"{GROUP}/role"  # "worker" or "spare" on pods
+LABEL_ROLE: Final = f"{GROUP}/role"  # "worker", "spare" or "store" on pods
 LABEL_WORKER_INDEX: Final = f"{GROUP}/worker-index"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "rtj-operator"
@@ -27,6 +27,8 @@ APP_NAME: Final = "resilient-training-job"
 
 ROLE_WORKER: Final = "worker"
 ROLE_SPARE: Final = "spare"
+# The store pod of a job under faultTolerance.launcher Supervisor: it serves the world's TCP stores.
+ROLE_STORE: Final = "store"
 
 # Annotations.
 ANNOTATION_REPLACES: Final = f"{GROUP}/replaces"  # on a replacement pod: the node it replaced
@@ -62,7 +64,8 @@ TRAINER_UID: Final = 10001
 TRAINER_GID: Final = 10001
 
 # The environment contract (docs/architecture.md, "Environment contract"): the renderer sets these on
-# every worker and spare container (RTJ_NODE_RANK on workers only; RTJ_FAULTS only through spec.env).
+# every worker and spare container (RTJ_NODE_RANK on workers only, but for Supervisor; RTJ_FAULTS only
+# through spec.env; ENV_SUPERVISOR_ONLY under faultTolerance.launcher Supervisor only).
 # rtj_trainer.env keeps the trainer's copy of the names; tests/api compares the two.
 ENV_JOB_NAME: Final = "RTJ_JOB_NAME"
 ENV_NAMESPACE: Final = "RTJ_NAMESPACE"
@@ -95,6 +98,25 @@ ENV_PROGRESS_PORT: Final = "RTJ_PROGRESS_PORT"
 ENV_FAULTS: Final = "RTJ_FAULTS"
 # The worker container's terminationMessagePath: rtj-launch writes "Drained: ..." there after a drain.
 ENV_TERMINATION_MESSAGE_PATH: Final = "RTJ_TERMINATION_MESSAGE_PATH"
+# Under faultTolerance.launcher Supervisor only (docs/architecture.md, "The Supervisor launcher"), on
+# every worker and spare container: rtj-launch starts the pod's ranks itself in one fixed world whose
+# slots are the workers (0..nodes-1) and then the spares (nodes..nodes+hotSpares-1); RTJ_NODE_RANK is
+# the slot on both. RTJ_LAUNCH_MODE is otherwise unset (ft_launcher) or set by the user ("direct").
+ENV_LAUNCH_MODE: Final = "RTJ_LAUNCH_MODE"
+LAUNCH_MODE_SUPERVISOR: Final = "supervisor"
+ENV_SLOT: Final = "RTJ_SLOT"
+ENV_SLOTS: Final = "RTJ_SLOTS"
+ENV_STORE_HOST: Final = "RTJ_STORE_HOST"
+ENV_STORE_PORT: Final = "RTJ_STORE_PORT"
+ENV_MEMORY_INTERVAL_STEPS: Final = "RTJ_MEMORY_INTERVAL_STEPS"
+ENV_SUPERVISOR_ONLY: Final = (
+    ENV_LAUNCH_MODE,
+    ENV_SLOT,
+    ENV_SLOTS,
+    ENV_STORE_HOST,
+    ENV_STORE_PORT,
+    ENV_MEMORY_INTERVAL_STEPS,
+)
 # On the checkpoint-directory init container only: "<uid>:<gid>" to give RTJ_CHECKPOINT_DIR.
 ENV_CHECKPOINT_DIR_OWNER: Final = "RTJ_CHECKPOINT_DIR_OWNER"
 ENV_CONTRACT: Final = (
@@ -128,4 +150,5 @@ ENV_CONTRACT: Final = (
     ENV_PROGRESS_PORT,
     ENV_FAULTS,
     ENV_TERMINATION_MESSAGE_PATH,
+    *ENV_SUPERVISOR_ONLY,
 )

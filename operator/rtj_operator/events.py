@@ -22,6 +22,9 @@ WORKER_FAILED: Final = "WorkerFailed"  # a worker pod exited non-zero on a healt
 WORKER_REPLACED: Final = "WorkerReplaced"  # a replacement worker pod was created
 SPARE_USED: Final = "SpareUsed"  # a hot spare was given up so that a replacement can use its node
 GANG_RESTART: Final = "GangRestart"  # every worker pod is recreated (rendezvous host lost or job failed)
+# The store pod of a Supervisor job failed, was disrupted or deleted, or its node was lost: the world
+# is broken, every pod and the store are recreated (a GangRestart follows).
+STORE_LOST: Final = "StoreLost"
 NODE_EXCLUDED: Final = "NodeExcluded"  # a node will not be used by this job again
 NODE_TAINTED: Final = "NodeTainted"  # an excluded node was tainted cluster-wide (opt-in)
 STRANDED_POD_DELETED: Final = "StrandedPodDeleted"  # a pod on a dead node was force-deleted

@@ -18,6 +18,11 @@ CONTAINER_NAME: Final = "trainer"
 CHECKPOINT_INIT_CONTAINER_NAME: Final = "prepare-checkpoints"
 # The rendezvous port's name, on the container and on the Service.
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
+# The store pod's container and its two ports (faultTolerance.launcher Supervisor): the world's wrapper
+# store on rendezvous.port, the process groups' store on the port after it.
+STORE_CONTAINER_NAME: Final = "store"
+STORE_PORT_NAME: Final = "store"
+STORE_GROUPS_PORT_NAME: Final = "store-groups"
 # The progress endpoint's port name on the container (the operator and a PodMonitor find it by it).
 PROGRESS_PORT_NAME: Final = "progress"
 
@@ -37,8 +42,15 @@ def spare_pod_name(job: str, index: int) -> str:
     return f"{job}-spare-{index}"
 
 
+def store_pod_name(job: str) -> str:
+    """`J-store`: the store pod of a Supervisor job; also its hostname, so its DNS name is stable."""
+    return f"{job}-store"
+
+
 def pod_name(job: str, role: str, index: int) -> str:
-    """The worker or spare pod of `role` (constants.ROLE_WORKER or ROLE_SPARE) and `index`."""
+    """The pod of `role` (constants.ROLE_WORKER, ROLE_SPARE or ROLE_STORE, whose index is 0) and `index`."""
+    if role == constants.ROLE_STORE:
+        return store_pod_name(job)
     return worker_pod_name(job, index) if role == constants.ROLE_WORKER else spare_pod_name(job, index)
 
 
@@ -70,6 +82,11 @@ def pod_group_name(job: str) -> str:
 def rendezvous_host(job: str, namespace: str) -> str:
     """Worker 0's stable DNS name, where the c10d store listens."""
     return f"{worker_pod_name(job, 0)}.{service_name(job)}.{namespace}.svc"
+
+
+def store_host(job: str, namespace: str) -> str:
+    """The store pod's stable DNS name (Supervisor): `J-store.<service>.<ns>.svc`."""
+    return f"{store_pod_name(job)}.{service_name(job)}.{namespace}.svc"
 
 
 def checkpoint_dir(job: str, mount_path: str) -> str:

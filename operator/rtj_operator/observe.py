@@ -96,7 +96,7 @@ class NodeState:
 class PodState:
     name: str
     uid: str
-    role: str  # constants.ROLE_WORKER or ROLE_SPARE
+    role: str  # constants.ROLE_WORKER, ROLE_SPARE or ROLE_STORE (index 0)
     index: int
     node_name: str
     phase: str
@@ -215,7 +215,7 @@ def _whole_requests(spec: Mapping[str, Any]) -> dict[str, int]:
 
 
 def observe_pod(body: Mapping[str, Any], report: ProgressReport | None = None) -> PodState | None:
-    """A pod of a job (worker or spare), or None for a pod that is not one of the job's workers/spares.
+    """A pod of a job (worker, spare or store), or None for a pod that is none of the job's.
 
     `report` is the pod's newest progress report, read from its progress endpoint
     (`runtime.scrape`), if any."""
@@ -231,6 +231,8 @@ def observe_pod(body: Mapping[str, Any], report: ProgressReport | None = None) -
         index_text = _str(labels.get(constants.LABEL_WORKER_INDEX))
     elif role == constants.ROLE_SPARE:
         index_text = name.rpartition("-")[2]
+    elif role == constants.ROLE_STORE:
+        index_text = "0"
     else:
         return None
     if not index_text.isdigit():
@@ -531,6 +533,11 @@ class JobView:
 
     def pod_name(self, role: str, index: int) -> str:
         return names.pod_name(self.name, role, index)
+
+    @property
+    def supervisor(self) -> bool:
+        """faultTolerance.launcher Supervisor: one world of every pod's ranks, and a store pod."""
+        return self.model.spec.fault_tolerance.launcher is api.Launcher.SUPERVISOR
 
 
 def observe_job(body: Mapping[str, Any]) -> JobView:

@@ -11,6 +11,7 @@ annotation and environment names from :mod:`rtj_operator.constants`.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from rtj_operator.api import (
     SCRATCH_VOLUME,
     SHM_MOUNT_PATH,
     SHM_VOLUME,
+    Launcher,
     ResilientTrainingJob,
     RetentionPolicy,
 )
@@ -35,6 +37,7 @@ from rtj_operator.profiles import (
 __all__ = [
     "Replacement",
     "checkpoint_claim_name",
+    "is_supervisor",
     "render",
     "render_base",
     "render_pod_disruption_budget",
@@ -43,6 +46,7 @@ __all__ = [
     "render_service_account",
     "render_spare_pod",
     "render_storage",
+    "render_store_pod",
     "render_worker_pod",
 ]
 
@@ -68,9 +72,27 @@ SCRATCH_MOUNTS = (("/tmp", "tmp"), (SCRATCH_HOME, "home"))
 SCRATCH_SIZE_LIMIT = "16Gi"
 # EFA registers (pins) memory for RDMA; the only capability a trainer container ever adds.
 EFA_CAPABILITIES = ("IPC_LOCK",)
+# The store pod (faultTolerance.launcher Supervisor): two TCPStore servers in one small process.
+STORE_COMMAND = "rtj-store"
+STORE_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}}
+# It holds no state worth a drain: a short grace period, so a gang restart gets its new store soon.
+STORE_TERMINATION_GRACE_SECONDS = 5
+STORE_SCRATCH_SIZE_LIMIT = "1Gi"
+# Readiness: the world's store accepts connections (a kubelet without TCP probes treats it as ready).
+STORE_READINESS_PERIOD_SECONDS = 2
 
 
 # --- names (derived in `rtj_operator.names`) ---------------------------------------------------------------
+
+
+def is_supervisor(job: ResilientTrainingJob) -> bool:
+    """Whether the job runs under faultTolerance.launcher Supervisor (one world, a store pod)."""
+    return job.spec.fault_tolerance.launcher is Launcher.SUPERVISOR
+
+
+def slot(job: ResilientTrainingJob, role: str, index: int) -> int:
+    """A Supervisor pod's slot in the world: worker i is slot i, spare k is slot nodes + k."""
+    return index if role == constants.ROLE_WORKER else job.spec.nodes + index
 
 
 def checkpoint_claim_name(job: ResilientTrainingJob) -> str:
@@ -125,7 +147,20 @@ def _job_uid(job: ResilientTrainingJob, uid: str | None) -> str:
 # --- pods -------------------------------------------------------------------------------------------------
 
 
-def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int | None) -> list[dict[str, Any]]:
+def _supervisor_env(job: ResilientTrainingJob, role: str, index: int) -> list[tuple[str, str]]:
+    """The Supervisor launcher's variables: the pod's slot, the world's size, the store pod's address."""
+    spec, c = job.spec, constants
+    return [
+        (c.ENV_LAUNCH_MODE, c.LAUNCH_MODE_SUPERVISOR),
+        (c.ENV_SLOT, str(slot(job, role, index))),
+        (c.ENV_SLOTS, str(spec.nodes + spec.hot_spares)),
+        (c.ENV_STORE_HOST, names.store_host(job.name, job.namespace)),
+        (c.ENV_STORE_PORT, str(spec.rendezvous.port)),
+        (c.ENV_MEMORY_INTERVAL_STEPS, str(spec.checkpoint.memory_interval_steps)),
+    ]
+
+
+def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int) -> list[dict[str, Any]]:
     spec = job.spec
     ft = spec.fault_tolerance
     ip = ft.in_process
@@ -141,7 +176,11 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int | None) -
         {"name": c.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     plain: list[tuple[str, str]] = []
-    if index is not None:
+    supervisor = is_supervisor(job)
+    if supervisor:
+        # Every pod runs ranks in the one world: its node rank is its slot, a spare's too.
+        plain.append((c.ENV_NODE_RANK, str(slot(job, role, index))))
+    elif role == constants.ROLE_WORKER:
         plain.append((c.ENV_NODE_RANK, str(index)))
     plain += [
         (c.ENV_NNODES, str(spec.nodes)),
@@ -167,6 +206,8 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int | None) -
         (c.ENV_PROGRESS_PORT, str(c.PROGRESS_PORT)),
         (c.ENV_TERMINATION_MESSAGE_PATH, TERMINATION_MESSAGE_PATH),
     ]
+    if supervisor:
+        plain += _supervisor_env(job, role, index)
     sizing = resolve_sizing(spec.instance_type, spec.resources)
     if sizing.efa_adapters > 0:
         plain += list(EFA_ENV)
@@ -225,13 +266,25 @@ def _affinity(
         # One pod of the job per node: a spare holds a whole node, a worker owns its node's devices.
         "podAntiAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "labelSelector": {"matchLabels": names.selector_labels(job.name)},
-                    "topologyKey": HOSTNAME_LABEL,
-                }
+                {"labelSelector": _trainer_pods_selector(job), "topologyKey": HOSTNAME_LABEL}
             ]
         },
     }
+
+
+def _trainer_pods_selector(job: ResilientTrainingJob) -> dict[str, Any]:
+    """The job's worker and spare pods. Under Supervisor the store pod carries the job's label too, and
+    must neither steer the workers' zone (pod affinity) nor count as their peer: it is kept out."""
+    selector: dict[str, Any] = {"matchLabels": names.selector_labels(job.name)}
+    if is_supervisor(job):
+        selector["matchExpressions"] = [
+            {
+                "key": constants.LABEL_ROLE,
+                "operator": "In",
+                "values": [constants.ROLE_WORKER, constants.ROLE_SPARE],
+            }
+        ]
+    return selector
 
 
 def _tolerations(job: ResilientTrainingJob) -> list[dict[str, Any]]:
@@ -330,15 +383,17 @@ def _same_topology_affinity(job: ResilientTrainingJob) -> dict[str, Any] | None:
         return None
     return {
         "requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": names.selector_labels(job.name)}, "topologyKey": key}
-            for key in keys
+            {"labelSelector": _trainer_pods_selector(job), "topologyKey": key} for key in keys
         ]
     }
 
 
 def _disruption_annotations(job: ResilientTrainingJob, role: str) -> dict[str, str]:
-    """karpenter.sh/do-not-disrupt on workers when spec.disruption.doNotDisrupt (spares may go)."""
-    if role == constants.ROLE_WORKER and job.spec.disruption.do_not_disrupt:
+    """karpenter.sh/do-not-disrupt when spec.disruption.doNotDisrupt: on workers, and under Supervisor
+    on the spares (they run ranks of the world) and the store pod (its loss restarts every pod);
+    FtLauncher's spares may go."""
+    protected = role == constants.ROLE_WORKER or is_supervisor(job)
+    if protected and job.spec.disruption.do_not_disrupt:
         return {constants.ANNOTATION_DO_NOT_DISRUPT: "true"}
     return {}
 
@@ -521,7 +576,7 @@ def _container(job: ResilientTrainingJob, uid: str, role: str, index: int) -> di
     }
     if spec.working_dir is not None:
         container["workingDir"] = spec.working_dir
-    container["env"] = _env(job, uid, role=role, index=index if role == constants.ROLE_WORKER else None)
+    container["env"] = _env(job, uid, role=role, index=index)
     container["ports"] = [
         {"name": names.RENDEZVOUS_PORT_NAME, "containerPort": spec.rendezvous.port, "protocol": "TCP"},
         {"name": names.PROGRESS_PORT_NAME, "containerPort": constants.PROGRESS_PORT, "protocol": "TCP"},
@@ -606,12 +661,143 @@ def render_spare_pod(
     return _pod(job, _job_uid(job, uid), constants.ROLE_SPARE, index, placement)
 
 
+# --- the store pod (faultTolerance.launcher Supervisor) -------------------------------------------------
+
+
+def render_store_pod(
+    job: ResilientTrainingJob, *, uid: str | None = None, excluded_nodes: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The store pod ``J-store`` of a Supervisor job: ``rtj-store --port P`` serves the world's TCP
+    stores on rendezvous.port P (NVRx's wrapper store) and P + 1 (the process groups').
+
+    Small (100m CPU, 256Mi), no GPU, EFA or instance-type requirement, hardened like the trainer, and
+    never on a node that runs one of the job's workers or spares (required pod anti-affinity), so that
+    losing a worker's node never takes the store with it. It tolerates the job's own tolerations and the
+    node-loss taints for nodeLossGraceSeconds, like the workers. Its hostname and subdomain give it the
+    stable name ``J-store.<service>.<ns>.svc`` (RTJ_STORE_HOST on the workers).
+    """
+    if not is_supervisor(job):
+        raise ValueError(
+            f"job {job.namespace}/{job.name} has no store pod: faultTolerance.launcher is not Supervisor"
+        )
+    spec = job.spec
+    owner = _job_uid(job, uid)
+    name = names.store_pod_name(job.name)
+    metadata = _metadata(job, name, owner)
+    metadata["labels"] = {**spec.pod_labels, **metadata["labels"], constants.LABEL_ROLE: constants.ROLE_STORE}
+    annotations = {**spec.pod_annotations, **_disruption_annotations(job, constants.ROLE_STORE)}
+    if annotations:
+        metadata["annotations"] = annotations
+    pod_spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": names.service_name(job.name),
+        "restartPolicy": "Never",
+        "serviceAccountName": names.trainer_name(job.name),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": STORE_TERMINATION_GRACE_SECONDS,
+        "affinity": _store_affinity(job, excluded_nodes),
+        "tolerations": _store_tolerations(job),
+    }
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    pod_spec["securityContext"] = _pod_security_context()
+    pod_spec["containers"] = [_store_container(job, owner)]
+    pod_spec["volumes"] = [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": STORE_SCRATCH_SIZE_LIMIT}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _store_container(job: ResilientTrainingJob, uid: str) -> dict[str, Any]:
+    spec, c = job.spec, constants
+    port = spec.rendezvous.port
+    env = [
+        {"name": c.ENV_JOB_NAME, "value": job.name},
+        {"name": c.ENV_NAMESPACE, "value": job.namespace},
+        {"name": c.ENV_JOB_UID, "value": uid},
+        {"name": c.ENV_ROLE, "value": c.ROLE_STORE},
+        {"name": c.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": c.ENV_TERMINATION_MESSAGE_PATH, "value": TERMINATION_MESSAGE_PATH},
+        {"name": "HOME", "value": SCRATCH_HOME},
+    ]
+    return {
+        "name": names.STORE_CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy.value,
+        "command": [STORE_COMMAND, "--port", str(port)],
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "env": env,
+        "ports": [
+            {"name": names.STORE_PORT_NAME, "containerPort": port, "protocol": "TCP"},
+            {"name": names.STORE_GROUPS_PORT_NAME, "containerPort": port + 1, "protocol": "TCP"},
+        ],
+        "readinessProbe": {
+            "tcpSocket": {"port": port},
+            "periodSeconds": STORE_READINESS_PERIOD_SECONDS,
+            "failureThreshold": 3,
+        },
+        "resources": copy.deepcopy(STORE_RESOURCES),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": SCRATCH_VOLUME, "mountPath": path, "subPath": sub} for path, sub in SCRATCH_MOUNTS
+        ],
+    }
+
+
+def _store_affinity(job: ResilientTrainingJob, excluded_nodes: Iterable[str]) -> dict[str, Any]:
+    """Off the job's excluded nodes, and never beside one of its workers or spares."""
+    affinity: dict[str, Any] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": _trainer_pods_selector(job), "topologyKey": HOSTNAME_LABEL}
+            ]
+        }
+    }
+    excluded = sorted(set(excluded_nodes))
+    if excluded:
+        term = {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": excluded}]}
+        affinity["nodeAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    return affinity
+
+
+def _store_tolerations(job: ResilientTrainingJob) -> list[dict[str, Any]]:
+    """The workers' node-loss tolerations and the job's own; not the GPU one (it may run anywhere)."""
+    gpu = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+    return [t for t in _tolerations(job) if t != gpu]
+
+
 # --- the other children -----------------------------------------------------------------------------------
 
 
 def render_service(job: ResilientTrainingJob, *, uid: str | None = None) -> dict[str, Any]:
-    """The headless Service: DNS records for workers before they are ready (rendezvous needs them)."""
+    """The headless Service: DNS records for workers before they are ready (rendezvous needs them).
+
+    Under Supervisor it selects every pod of the job, so that the store pod has its DNS name too (a
+    pod's hostname record needs the Service to select it), and names both of the store's ports.
+    """
     port = job.spec.rendezvous.port
+    selector = {**names.selector_labels(job.name), constants.LABEL_ROLE: constants.ROLE_WORKER}
+    ports = [{"name": names.RENDEZVOUS_PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}]
+    if is_supervisor(job):
+        selector = names.selector_labels(job.name)
+        ports = [
+            {"name": names.STORE_PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"},
+            {
+                "name": names.STORE_GROUPS_PORT_NAME,
+                "port": port + 1,
+                "targetPort": port + 1,
+                "protocol": "TCP",
+            },
+        ]
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -619,10 +805,8 @@ def render_service(job: ResilientTrainingJob, *, uid: str | None = None) -> dict
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {**names.selector_labels(job.name), constants.LABEL_ROLE: constants.ROLE_WORKER},
-            "ports": [
-                {"name": names.RENDEZVOUS_PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}
-            ],
+            "selector": selector,
+            "ports": ports,
         },
     }
 
@@ -719,7 +903,7 @@ def render(
     job: ResilientTrainingJob, *, uid: str | None = None, excluded_nodes: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
     """Every child of the job, in creation order: ServiceAccount, storage, Service,
-    (PodDisruptionBudget, PodGroup), workers, spares.
+    (PodDisruptionBudget, PodGroup), (the store pod, under Supervisor), workers, spares.
 
     ``uid`` defaults to ``job.metadata.uid`` (owner references and the rendezvous id need one);
     ``excluded_nodes`` are kept out of every pod's node affinity. Suspended jobs still render their
@@ -729,6 +913,7 @@ def render(
     excluded = tuple(excluded_nodes)
     return [
         *render_base(job, uid=owner),
+        *([render_store_pod(job, uid=owner, excluded_nodes=excluded)] if is_supervisor(job) else []),
         *(render_worker_pod(job, i, uid=owner, excluded_nodes=excluded) for i in range(job.spec.nodes)),
         *(render_spare_pod(job, k, uid=owner, excluded_nodes=excluded) for k in range(job.spec.hot_spares)),
     ]

@@ -116,6 +116,36 @@ CASES: list[tuple[str, dict[str, Any], str, str | None]] = [
         "cel",
     ),
     (
+        "launcher-unknown",
+        {"spec.faultTolerance.launcher": "Torchrun"},
+        "spec.faultTolerance.launcher",
+        "schema",
+    ),
+    (
+        "supervisor-without-in-process-restarts",
+        {"spec.faultTolerance.launcher": "Supervisor", "spec.faultTolerance.inProcess": {"enabled": False}},
+        "spec.faultTolerance.launcher",
+        "cel",
+    ),
+    (
+        "supervisor-store-port-has-no-next-port",
+        {"spec.faultTolerance.launcher": "Supervisor", "spec.rendezvous.port": 65535},
+        "spec.rendezvous.port",
+        "cel",
+    ),
+    (
+        "memory-interval-negative",
+        {"spec.checkpoint.memoryIntervalSteps": -1},
+        "spec.checkpoint.memoryIntervalSteps",
+        "schema",
+    ),
+    (
+        "memory-interval-too-large",
+        {"spec.checkpoint.memoryIntervalSteps": 1_000_001},
+        "spec.checkpoint.memoryIntervalSteps",
+        "schema",
+    ),
+    (
         "max-in-job-restarts-negative",
         {"spec.faultTolerance.maxInJobRestarts": -1},
         "spec.faultTolerance.maxInJobRestarts",
@@ -748,6 +778,7 @@ IMMUTABLE_CHANGES = [
     ("spec.checkpoint.mountPath", "/data"),
     ("spec.checkpoint.storage", {"existingClaim": {"claimName": "c"}}),
     ("spec.processesPerNode", 4),
+    ("spec.faultTolerance.launcher", "Supervisor"),
 ]
 
 
@@ -778,3 +809,33 @@ def test_a_whole_float_is_an_integer_for_both() -> None:
     spec = api.parse_job(job).spec
     assert (spec.nodes, spec.rendezvous.port, spec.termination_grace_period_seconds) == (2, 29500, 30)
     assert isinstance(spec.nodes, int)
+
+
+def test_launcher_and_memory_tier_defaults() -> None:
+    spec = api.parse_job(valid_job()).spec
+    assert spec.fault_tolerance.launcher is api.Launcher.FT_LAUNCHER
+    assert spec.checkpoint.memory_interval_steps == 1
+    assert crd_errors(valid_job()) == []
+
+
+def test_a_supervisor_job_with_in_process_restarts_and_the_memory_tier_off_is_valid_for_both() -> None:
+    job = _job_with(
+        {
+            "spec.faultTolerance.launcher": "Supervisor",
+            "spec.checkpoint.memoryIntervalSteps": 0,
+            "spec.rendezvous.port": 65534,
+            "spec.hotSpares": 1,
+        }
+    )
+    spec = api.parse_job(job).spec
+    assert spec.fault_tolerance.launcher is api.Launcher.SUPERVISOR
+    assert spec.checkpoint.memory_interval_steps == 0
+    assert crd_errors(job) == []
+
+
+def test_the_supervisor_message_names_the_field_it_needs() -> None:
+    job = _job_with(
+        {"spec.faultTolerance.launcher": "Supervisor", "spec.faultTolerance.inProcess": {"enabled": False}}
+    )
+    with pytest.raises(api.JobValidationError, match=r"spec\.faultTolerance\.launcher: .*inProcess\.enabled"):
+        api.parse_job(job)

@@ -205,9 +205,11 @@ def test_env_contract_on_workers_and_spares() -> None:
     the_job = job(hotSpares=1, checkpoint={"mountPath": "/fsx", "storage": {"dynamic": {}}})
     worker = env_of(render.render_worker_pod(the_job, 2))
     spare = env_of(render.render_spare_pod(the_job, 0))
-    # Every name the trainer reads is rendered (RTJ_FAULTS is the user's, through spec.env).
-    expected = set(trainer_env.CONTRACT_NAMES) - {trainer_env.FAULTS}
+    # Every name the trainer reads is rendered (RTJ_FAULTS is the user's, through spec.env), but for
+    # the Supervisor launcher's (test_api_render_supervisor).
+    expected = set(trainer_env.CONTRACT_NAMES) - {trainer_env.FAULTS} - set(constants.ENV_SUPERVISOR_ONLY)
     assert expected <= set(worker)
+    assert not set(constants.ENV_SUPERVISOR_ONLY) & (set(worker) | set(spare))
     assert expected - {trainer_env.NODE_RANK} <= set(spare) and trainer_env.NODE_RANK not in spare
     assert worker["RTJ_NODE_RANK"] == "2" and worker["RTJ_ROLE"] == "worker" and spare["RTJ_ROLE"] == "spare"
     assert worker["RTJ_RDZV_HOST"] == "llm-worker-0.llm.ml.svc" and worker["RTJ_RDZV_PORT"] == "29500"
@@ -326,8 +328,12 @@ def test_profiles_and_overrides() -> None:
 def test_the_operator_and_the_trainer_name_the_same_environment() -> None:
     assert set(constants.ENV_CONTRACT) == set(trainer_env.CONTRACT_NAMES)
     assert len(constants.ENV_CONTRACT) == len(set(constants.ENV_CONTRACT))
-    # Everything but the user's fault plan is rendered on a worker.
+    # Everything but the user's fault plan is rendered on a worker (the Supervisor launcher's names
+    # under that launcher only).
     rendered = {e["name"] for e in render.render_worker_pod(job(), 0)["spec"]["containers"][0]["env"]}
+    assert set(constants.ENV_CONTRACT) - rendered == {constants.ENV_FAULTS, *constants.ENV_SUPERVISOR_ONLY}
+    supervisor = job(faultTolerance={"launcher": "Supervisor"})
+    rendered = {e["name"] for e in render.render_worker_pod(supervisor, 0)["spec"]["containers"][0]["env"]}
     assert set(constants.ENV_CONTRACT) - rendered == {constants.ENV_FAULTS}
 
 

@@ -51,6 +51,7 @@ CHECKPOINT_DIR_OWNER: Final = "RTJ_CHECKPOINT_DIR_OWNER"
 # User-set (spec.env), not rendered: "direct" makes rtj-launch exec the command without ft_launcher.
 LAUNCH_MODE: Final = "RTJ_LAUNCH_MODE"
 LAUNCH_MODE_DIRECT: Final = "direct"
+# Rendered under faultTolerance.launcher Supervisor only (on workers and spares), with LAUNCH_MODE:
 # rtj-launch starts the pod's ranks itself in one fixed world that holds the hot spares' reserve
 # ranks, with its stores in the job's store pod (rtj_trainer.supervisor).
 LAUNCH_MODE_SUPERVISOR: Final = "supervisor"
@@ -94,6 +95,12 @@ CONTRACT_NAMES: Final = (
     PROGRESS_PORT,
     FAULTS,
     TERMINATION_MESSAGE_PATH,
+    LAUNCH_MODE,
+    SLOT,
+    SLOTS,
+    STORE_HOST,
+    STORE_PORT,
+    MEMORY_INTERVAL_STEPS,
 )
 
 ROLE_WORKER: Final = "worker"

@@ -70,6 +70,8 @@ ZONE_LABEL: str = constants.LABEL_ZONE
 # Time for a drain: finish the step, write this node's shards to the volume, wait for the commit.
 DEFAULT_TERMINATION_GRACE_SECONDS: int = 180
 DEFAULT_COSCHEDULING_SCHEDULER: str = "scheduler-plugins-scheduler"
+MAX_MEMORY_INTERVAL_STEPS: int = 1_000_000
+MAX_PORT: int = 65535
 
 
 class ImagePullPolicy(enum.StrEnum):
@@ -83,6 +85,14 @@ class CheckpointMode(enum.StrEnum):
     ASYNC = "Async"
     # Sync: training waits while every shard is written.
     SYNC = "Sync"
+
+
+class Launcher(enum.StrEnum):
+    # FtLauncher: NVRx's ft_launcher runs each pod's ranks; a torchelastic rendezvous hosted by worker 0.
+    FT_LAUNCHER = "FtLauncher"
+    # Supervisor: rtj-launch runs each pod's ranks in one fixed NVRx in-process world, spares included;
+    # the world's stores live in a store pod of their own.
+    SUPERVISOR = "Supervisor"
 
 
 class RetentionPolicy(enum.StrEnum):
@@ -244,13 +254,15 @@ class SchedulingSpec(ApiModel):
 
 
 class RendezvousSpec(ApiModel):
-    """The c10d rendezvous that worker 0 hosts."""
+    """The c10d rendezvous that worker 0 hosts (FtLauncher), or the store pod's ports (Supervisor)."""
 
     port: Int32 = Field(
         default=29500,
         ge=1,
         le=65535,
-        description="port is the rendezvous (c10d store) port on worker 0. Optional; default: 29500.",
+        description="port is the rendezvous (c10d store) port on worker 0 under faultTolerance.launcher "
+        "FtLauncher; under Supervisor the store pod serves the world's store on it and the process "
+        "groups' store on port + 1 (so at most 65534). Optional; default: 29500.",
     )
 
 
@@ -341,6 +353,19 @@ class CheckpointSpec(ApiModel):
         le=1000,
         description="keep is how many complete checkpoints are kept. Optional; default: 3.",
     )
+    memory_interval_steps: Int32 = Field(
+        default=1,
+        ge=0,
+        le=MAX_MEMORY_INTERVAL_STEPS,
+        description=(
+            "memoryIntervalSteps is, under faultTolerance.launcher Supervisor, the number of steps between "
+            "copies of each rank's state into host memory and to a peer rank on another node (the memory "
+            "tier): a reserve rank that takes over a lost rank resumes from that copy, losing no step when "
+            "it is taken every step; the cost is a copy of the rank's local state through host memory "
+            "and the network per interval, and the host memory to hold a peer's copy. 0 turns it off "
+            "(recovery resumes from the newest checkpoint). Ignored under FtLauncher. Optional; default: 1."
+        ),
+    )
     mode: CheckpointMode = Field(
         default=CheckpointMode.ASYNC,
         description=(
@@ -416,9 +441,21 @@ class InProcessRestart(ApiModel):
 
 
 class FaultTolerance(ApiModel):
-    """ft_launcher heartbeats and restarts, and in-process restarts."""
+    """Who runs the ranks (the launcher), ft_launcher heartbeats and restarts, and in-process restarts."""
 
     cel_rules = (
+        CelRule(
+            rule=(
+                f"self.launcher != '{Launcher.SUPERVISOR.value}' || "
+                "!has(self.inProcess) || self.inProcess.enabled"
+            ),
+            message=(
+                "launcher Supervisor requires inProcess.enabled: true (reserve ranks take over lost ranks "
+                "through in-process restarts)"
+            ),
+            check=lambda s: s.launcher is not Launcher.SUPERVISOR or s.in_process.enabled,
+            field_path=".launcher",
+        ),
         CelRule(
             rule="self.initialHeartbeatTimeoutSeconds >= self.heartbeatTimeoutSeconds",
             message="initialHeartbeatTimeoutSeconds must be at least heartbeatTimeoutSeconds",
@@ -447,6 +484,25 @@ class FaultTolerance(ApiModel):
         ),
     )
 
+    launcher: Annotated[Launcher, Immutable()] = Field(
+        default=Launcher.FT_LAUNCHER,
+        description=(
+            "launcher is what runs each pod's training processes. FtLauncher: NVRx's ft_launcher in every "
+            "worker pod, with a rendezvous hosted by worker 0; a rank that dies or hangs restarts the "
+            "processes of every pod (an in-job restart, ~10 s plus the reload of the last checkpoint), "
+            "and the loss of worker 0's node restarts every pod. Supervisor: rtj-launch starts the ranks "
+            "itself in one fixed NVRx in-process world (no ft_launcher, no rendezvous) that the hot "
+            "spares' pods join as reserve ranks; a rank that dies or hangs, or a node that is lost (worker "
+            "0's included), is replaced in-process by a reserve rank that takes over its index and its "
+            "state from the memory tier (checkpoint.memoryIntervalSteps), in seconds and without a pod "
+            "restart; the world's stores live in a small store pod of their own (<name>-store: 100m CPU, "
+            "256Mi, on a node without the job's pods), whose loss restarts every pod. Supervisor needs "
+            "inProcess.enabled and spends each spare's GPUs on idle reserve ranks, and a job recovers "
+            "in-process from as many rank or node losses as there are spares' ranks; the "
+            "heartbeat and in-job restart fields apply to FtLauncher only. Optional; default: FtLauncher. "
+            "Immutable."
+        ),
+    )
     heartbeat_timeout_seconds: Int32 = Field(
         default=300,
         ge=1,
@@ -623,7 +679,8 @@ class DisruptionSpec(ApiModel):
 
     do_not_disrupt: Flag = Field(
         default=False,
-        description='doNotDisrupt annotates the worker pods karpenter.sh/do-not-disrupt: "true", so '
+        description='doNotDisrupt annotates the worker pods karpenter.sh/do-not-disrupt: "true" (the '
+        "spare pods and the store pod too under faultTolerance.launcher Supervisor), so "
         "Karpenter does not consolidate or expire their nodes. Optional; default: false.",
     )
     pod_disruption_budget: PodDisruptionBudgetSpec | None = Field(
@@ -813,6 +870,18 @@ class ResilientTrainingJobSpec(ApiModel):
             check=lambda s: len({m.mount_path for m in s.volume_mounts}) == len(s.volume_mounts),
             field_path=".volumeMounts",
         ),
+        CelRule(
+            rule=(
+                f"!has(self.faultTolerance) || self.faultTolerance.launcher != '{Launcher.SUPERVISOR.value}' "
+                f"|| !has(self.rendezvous) || self.rendezvous.port < {MAX_PORT}"
+            ),
+            message="rendezvous.port must be at most 65534 under faultTolerance.launcher Supervisor (the "
+            "store pod also serves port + 1)",
+            check=lambda s: (
+                s.fault_tolerance.launcher is not Launcher.SUPERVISOR or s.rendezvous.port < MAX_PORT
+            ),
+            field_path=".rendezvous.port",
+        ),
         keys_are_qualified_names("podLabels", "pod_labels"),
         keys_are_qualified_names("podAnnotations", "pod_annotations"),
         _immutable_when_set("processesPerNode"),
@@ -827,8 +896,8 @@ class ResilientTrainingJobSpec(ApiModel):
         default_factory=lambda: ["rtj-train"],
         min_length=1,
         max_length=64,
-        description="command is the training program each ft_launcher runs (with --no-python). "
-        'Optional; default: ["rtj-train"].',
+        description="command is the training program each rank runs (ft_launcher runs it with "
+        '--no-python; rtj-launch under Supervisor). Optional; default: ["rtj-train"].',
     )
     args: list[Arg] = Field(
         default_factory=list,
@@ -855,8 +924,14 @@ class ResilientTrainingJobSpec(ApiModel):
         default=0,
         ge=0,
         le=64,
-        description="hotSpares is the number of warm spare pods that hold nodes for fast replacement; they "
-        "stay outside the rendezvous. Optional; default: 0.",
+        description=(
+            "hotSpares is the number of warm spare pods, each holding a node sized like a worker's. Under "
+            "faultTolerance.launcher FtLauncher they stay outside the rendezvous and a lost worker's "
+            "replacement takes a spare's node (no scheduling, no image pull). Under Supervisor each runs "
+            "processesPerNode reserve ranks inside the training world (torch loaded, waiting): a lost "
+            "rank is taken over in-process by a reserve rank, and a lost pod's replacement then stands by "
+            "on a new node. Optional; default: 0."
+        ),
     )
     instance_type: Annotated[InstanceTypeName, Immutable()] = Field(
         default="p5.48xlarge",
@@ -881,15 +956,16 @@ class ResilientTrainingJobSpec(ApiModel):
     )
     rendezvous: Annotated[RendezvousSpec, Immutable()] = Field(
         default_factory=RendezvousSpec,
-        description="rendezvous configures the c10d rendezvous. Optional. Immutable.",
+        description="rendezvous configures the c10d rendezvous (FtLauncher) or the store pod's ports "
+        "(Supervisor). Optional. Immutable.",
     )
     checkpoint: CheckpointSpec = Field(
         description="checkpoint configures checkpoint storage and cadence. Required."
     )
     fault_tolerance: FaultTolerance = Field(
         default_factory=FaultTolerance,
-        description="faultTolerance configures heartbeats, in-job restarts and in-process restarts. "
-        "Optional.",
+        description="faultTolerance chooses the launcher and configures heartbeats, in-job restarts and "
+        "in-process restarts. Optional.",
     )
     failure_policy: FailurePolicy = Field(
         default_factory=FailurePolicy,

@@ -70,10 +70,10 @@ class Condition(StatusModel):
 
 
 class PodStatus(StatusModel):
-    """One worker or spare pod as the operator last saw it."""
+    """One worker, spare or store pod as the operator last saw it."""
 
-    index: Count = Field(description="index is the worker or spare index.")
-    role: str = Field(description="role is worker or spare.")
+    index: Count = Field(description="index is the worker or spare index (0 for the store pod).")
+    role: str = Field(description="role is worker, spare or store.")
     pod_name: str = Field(description="podName is the pod's name.")
     node_name: str | None = Field(default=None, description="nodeName is the node the pod is bound to.")
     state: EntryState | None = Field(
@@ -213,6 +213,11 @@ class ResilientTrainingJobStatus(StatusModel):
     )
     workers: WorkersStatus | None = Field(
         default=None, description="workers counts and lists the job's pods."
+    )
+    store: PodStatus | None = Field(
+        default=None,
+        description="store is the store pod of a job under faultTolerance.launcher Supervisor (it serves "
+        "the training world's stores; its loss restarts every pod), as the operator last saw it.",
     )
     restarts: RestartsStatus | None = Field(default=None, description="restarts counts recoveries per layer.")
     budget: BudgetStatus | None = Field(

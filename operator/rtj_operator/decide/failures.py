@@ -14,6 +14,11 @@ after that write resumes from `Replacing` without counting again; a crash before
   `budgets` (or fail the job), record node faults, grow the backoff series, and choose the scope: the
   lost workers, or every worker (a gang restart) when worker 0 (the rendezvous host) was lost or the
   action is RestartJob (a process failure's default).
+- Under `faultTolerance.launcher` Supervisor the rendezvous host is gone: worker 0's loss is one
+  worker's like any other (its ranks are taken over in-process by reserve ranks; the replacement pod
+  stands by). The world's stores live in the store pod instead, whose loss (`detect_store_loss`) is
+  judged by its class but always restarts the gang; a gang restart there also recreates the store
+  and the spares (their reserve ranks belong to the broken world).
 - `attribute_late_node_losses`: a worker already being replaced (a gang restart after a process
   failure) whose old pod turns out to sit on a lost node: the node's loss is recorded then.
 - `record_node_fault`: a node's fault history; a deleted node or a repeat offender is excluded for
@@ -29,7 +34,16 @@ from datetime import timedelta
 from rtj_operator import constants, events
 from rtj_operator.api import EntryState, ExitCodeOperator, FailureAction, FailureRule, FaultClass
 from rtj_operator.decide.actions import TaintNode
-from rtj_operator.decide.state import SPARE, WORKER, Entry, ExcludedNodeRecord, NodeFaultRecord, PassState
+from rtj_operator.decide.state import (
+    SPARE,
+    STORE,
+    STORE_KEY,
+    WORKER,
+    Entry,
+    ExcludedNodeRecord,
+    NodeFaultRecord,
+    PassState,
+)
 from rtj_operator.observe import NodeProblem, PodState
 from rtj_operator.progress import format_time, parse_time
 
@@ -41,17 +55,25 @@ NODE_BLAMED_DISRUPTIONS = frozenset({"DeletionByTaintManager", "TerminationByKub
 
 @dataclass(frozen=True)
 class Loss:
-    """A worker lost since the last pass."""
+    """A worker (or, under Supervisor, the store pod) lost since the last pass."""
 
     index: int
     pod: PodState | None  # None when the pod is gone
     reason: str  # an event reason: NodeLost, WorkerDisrupted, WorkerFailed
     message: str
     node_problem: NodeProblem | None  # set when the node is to blame
+    role: str = WORKER
+
+    @property
+    def event_reason(self) -> str:
+        """The Event's reason: the store pod's loss is a StoreLost whatever its class."""
+        return events.STORE_LOST if self.role == STORE else self.reason
 
 
 def detect_losses(run: PassState) -> list[Loss]:
-    found = (detect_loss(run, index) for index in range(run.job.nodes))
+    found = [detect_loss(run, index) for index in range(run.job.nodes)]
+    if run.job.supervisor:
+        found.append(detect_store_loss(run))
     losses = [loss for loss in found if loss is not None]
     failed = {loss.index for loss in losses if loss.reason == events.WORKER_FAILED}
     if failed and _peer_node_in_doubt(run, failed):
@@ -62,10 +84,14 @@ def detect_losses(run: PassState) -> list[Loss]:
 
 
 def _peer_node_in_doubt(run: PassState, failed: set[int]) -> bool:
-    """Whether another worker's node is not Ready but still within nodeLossGraceSeconds."""
-    for index in range(run.job.nodes):
-        entry, pod = run.entry(WORKER, index), run.pod(WORKER, index)
-        if index in failed or pod is None or not entry.on_node or pod.node_name != entry.node_name:
+    """Whether another worker's node (or the store pod's) is not Ready but still within
+    nodeLossGraceSeconds."""
+    keys = [(WORKER, index) for index in range(run.job.nodes) if index not in failed]
+    if run.job.supervisor:
+        keys.append(STORE_KEY)
+    for role, index in keys:
+        entry, pod = run.entry(role, index), run.pod(role, index)
+        if pod is None or not entry.on_node or pod.node_name != entry.node_name:
             continue
         node = run.observed.nodes.get(pod.node_name)
         if node is not None and node.ready != "True" and run.problem(pod) is None:
@@ -83,20 +109,35 @@ def detect_loss(run: PassState, index: int) -> Loss | None:
     # this pass (placement.run_worker) and its faults count from the next pass on.
     if not entry.on_node or pod.node_name != entry.node_name or pod.phase == "Succeeded":
         return None
-    return _pod_faulty(run, index, pod)
+    return _pod_faulty(run, entry, pod)
+
+
+def detect_store_loss(run: PassState) -> Loss | None:
+    """The loss of the store pod (Supervisor): gone, failed, disrupted, or its node lost. A store that
+    exits zero while the job runs has left the world without its stores too: a failure."""
+    entry, pod = run.entry(*STORE_KEY), run.pod(*STORE_KEY)
+    if pod is None:
+        return _pod_gone(run, entry) if entry.on_node else None
+    if not entry.on_node or pod.node_name != entry.node_name:
+        return None
+    if pod.phase == "Succeeded" and run.problem(pod) is None:
+        return Loss(0, pod, events.WORKER_FAILED, f"store pod {pod.name} exited", None, STORE)
+    return _pod_faulty(run, entry, pod)
 
 
 def _pod_gone(run: PassState, entry: Entry) -> Loss:
     if entry.node_name not in run.observed.nodes:
         gone = NodeProblem("NodeDeleted", f"node {entry.node_name} was deleted", permanent=True)
-        return Loss(entry.index, None, events.NODE_LOST, gone.message, gone)
-    return Loss(entry.index, None, events.WORKER_DISRUPTED, f"worker pod {entry.pod_name} was deleted", None)
+        return Loss(entry.index, None, events.NODE_LOST, gone.message, gone, entry.role)
+    message = f"{entry.role} pod {entry.pod_name} was deleted"
+    return Loss(entry.index, None, events.WORKER_DISRUPTED, message, None, entry.role)
 
 
-def _pod_faulty(run: PassState, index: int, pod: PodState) -> Loss | None:
+def _pod_faulty(run: PassState, entry: Entry, pod: PodState) -> Loss | None:
+    index, role = entry.index, entry.role
     problem = run.problem(pod)
     if problem is not None:
-        return Loss(index, pod, events.NODE_LOST, problem.message, problem)
+        return Loss(index, pod, events.NODE_LOST, problem.message, problem, role)
     if pod.disruption or pod.status_reason in DISRUPTION_REASONS:
         cause = pod.disruption or pod.status_reason
         node_blamed = NodeProblem(cause, f"pod {pod.name} disrupted on {pod.node_name}: {cause}")
@@ -104,14 +145,15 @@ def _pod_faulty(run: PassState, index: int, pod: PodState) -> Loss | None:
             index,
             pod,
             events.WORKER_DISRUPTED,
-            f"worker pod {pod.name} was disrupted ({cause})",
+            f"{role} pod {pod.name} was disrupted ({cause})",
             node_blamed if cause in NODE_BLAMED_DISRUPTIONS else None,
+            role,
         )
     if pod.deleting:
-        return Loss(index, pod, events.WORKER_DISRUPTED, f"worker pod {pod.name} was deleted", None)
+        return Loss(index, pod, events.WORKER_DISRUPTED, f"{role} pod {pod.name} was deleted", None, role)
     if pod.phase == "Failed":
         detail = f": {pod.message}" if pod.message else ""
-        return Loss(index, pod, events.WORKER_FAILED, f"worker pod {pod.name} failed{detail}", None)
+        return Loss(index, pod, events.WORKER_FAILED, f"{role} pod {pod.name} failed{detail}", None, role)
     return None
 
 
@@ -160,6 +202,9 @@ def rule_matches(rule: FailureRule, cls: FaultClass, pod: PodState | None) -> bo
 
 def judge(run: PassState, loss: Loss) -> Verdict:
     cls = fault_class(loss)
+    if loss.role == STORE:
+        # The rules judge workers' faults; without its stores no worker can go on.
+        return Verdict(loss, cls, FailureAction.RESTART_JOB, None)
     for number, rule in enumerate(run.job.model.spec.failure_policy.rules):
         if rule_matches(rule, cls, loss.pod):
             return Verdict(loss, cls, rule.action, number)
@@ -171,9 +216,9 @@ def handle_losses(run: PassState, losses: list[Loss]) -> bool:
     verdicts = _consequences_apart([judge(run, loss) for loss in losses])
     for verdict in verdicts:
         loss = verdict.loss
-        run.event(events.WARNING, loss.reason, loss.message)
+        run.event(events.WARNING, loss.event_reason, loss.message)
         if loss.node_problem is not None:
-            node = loss.pod.node_name if loss.pod else run.entry(WORKER, loss.index).node_name
+            node = loss.pod.node_name if loss.pod else run.entry(loss.role, loss.index).node_name
             record_node_fault(run, node, loss.node_problem)
             if loss.reason == events.NODE_LOST:
                 run.counters["node_losses"] += 1
@@ -186,7 +231,7 @@ def handle_losses(run: PassState, losses: list[Loss]) -> bool:
         return False
     _count(run, charged)
     lead = verdicts[0].loss
-    run.condition(events.COND_RECOVERING, True, lead.reason, lead.message)
+    run.condition(events.COND_RECOVERING, True, lead.event_reason, lead.message)
     _choose_scope(run, verdicts)
     return True
 
@@ -300,21 +345,52 @@ def _choose_scope(run: PassState, verdicts: list[Verdict]) -> None:
     actions = [
         DEFAULT_ACTIONS[v.fault_class] if v.action == FailureAction.IGNORE else v.action for v in verdicts
     ]
-    host_lost = any(v.loss.index == 0 and v.fault_class != FaultClass.PROCESS_FAILURE for v in verdicts)
-    if host_lost or FailureAction.RESTART_JOB in actions:
-        run.counters["gang_restarts"] += 1
-        if host_lost:
-            why = "worker 0 (the rendezvous host) was lost"
-        elif any(v.rule is not None and v.action == FailureAction.RESTART_JOB for v in verdicts):
-            why = "a failurePolicy rule asks for it"
-        else:
-            why = "a worker's processes failed"
-        run.event(events.WARNING, events.GANG_RESTART, f"restarting all {run.job.nodes} workers: {why}")
-        replaced = list(range(run.job.nodes))
-    else:
-        replaced = [v.loss.index for v in verdicts]
-    for index in replaced:
+    why = None
+    if not run.job.supervisor and _rendezvous_host_lost(verdicts):
+        why = "worker 0 (the rendezvous host) was lost"
+    elif FailureAction.RESTART_JOB in actions:
+        why = _gang_restart_cause(run, verdicts)
+    if why is None:
+        for verdict in verdicts:
+            run.entry(WORKER, verdict.loss.index).state = EntryState.REPLACING
+        return
+    run.counters["gang_restarts"] += 1
+    run.event(events.WARNING, events.GANG_RESTART, f"restarting all {run.job.nodes} workers: {why}")
+    for index in range(run.job.nodes):
         run.entry(WORKER, index).state = EntryState.REPLACING
+    if run.job.supervisor:
+        _rebuild_world(run)
+
+
+def _rendezvous_host_lost(verdicts: list[Verdict]) -> bool:
+    """FtLauncher: worker 0 hosts the rendezvous store; losing its pod (not its processes) loses it."""
+    return any(
+        v.loss.role == WORKER and v.loss.index == 0 and v.fault_class != FaultClass.PROCESS_FAILURE
+        for v in verdicts
+    )
+
+
+def _gang_restart_cause(run: PassState, verdicts: list[Verdict]) -> str:
+    if any(v.loss.role == STORE for v in verdicts):
+        return "the store pod (the training world's stores) was lost"
+    if any(v.rule is not None and v.action == FailureAction.RESTART_JOB for v in verdicts):
+        return "a failurePolicy rule asks for it"
+    return "a worker's processes failed"
+
+
+def _rebuild_world(run: PassState) -> None:
+    """Supervisor: a gang restart forms a new world from scratch. The store pod is recreated (a fresh
+    store: pods that find the old world's marker in it stand by instead of starting ranks) and so are
+    the spares, whose reserve ranks belong to the broken world; `placement` creates no pod until the
+    old store is gone."""
+    run.entry(*STORE_KEY).state = EntryState.REPLACING
+    for index in range(run.job.hot_spares):
+        pod = run.pod(SPARE, index)
+        if pod is not None:
+            run.delete_pod(pod, force=run.problem(pod) is not None)
+            del run.pods[(SPARE, index)]
+        run.entry(SPARE, index).reset()
+        run.spares_taken.add(index)  # recreated on a later pass, once the name is free
 
 
 def _fail_by_rule(run: PassState, verdict: Verdict) -> None:
@@ -337,13 +413,14 @@ def _fail(run: PassState, reason: str, message: str) -> None:
 
 
 def attribute_late_node_loss(run: PassState, entry: Entry, pod: PodState) -> None:
-    """Record the node loss behind a worker already being replaced for another fault.
+    """Record the node loss behind a worker (or the store pod) already being replaced for another fault.
 
-    Worker 0's node dies; the other workers' launchers lose the rendezvous store and fail within
-    seconds, long before the node is marked NotReady: the pass that sees their failure restarts the
-    gang, and worker 0's old pod is still on its node, apparently healthy. Once the node is judged
-    lost, the loss is recorded here (an Event, the node's fault, its exclusion when due, the node-loss
-    metric) and the caller force-deletes the old pod. The budget was charged by the restart already.
+    Worker 0's node dies (FtLauncher; the store pod's, under Supervisor); the other workers lose the
+    rendezvous store and fail within seconds, long before the node is marked NotReady: the pass that
+    sees their failure restarts the gang, and the old pod is still on its node, apparently healthy.
+    Once the node is judged lost, the loss is recorded here (an Event, the node's fault, its exclusion
+    when due, the node-loss metric) and the caller force-deletes the old pod. The budget was charged
+    by the restart already.
     A node fault recorded since the pod was created (a NodeLost loss, or this) is not recorded again.
     """
     if entry.state != EntryState.REPLACING or not entry.node_name or pod.node_name != entry.node_name:
@@ -351,7 +428,7 @@ def attribute_late_node_loss(run: PassState, entry: Entry, pod: PodState) -> Non
     problem = run.problem(pod)
     if problem is None or pod.node_name in run.faulted_nodes or _fault_recorded_since(run, pod):
         return
-    run.event(events.WARNING, events.NODE_LOST, f"worker pod {pod.name}: {problem.message}")
+    run.event(events.WARNING, events.NODE_LOST, f"{entry.role} pod {pod.name}: {problem.message}")
     record_node_fault(run, pod.node_name, problem)
     run.counters["node_losses"] += 1
 

@@ -23,7 +23,7 @@ from rtj_operator.api import EntryState
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide import milestones
 from rtj_operator.decide.actions import Action, CreateObject, DeleteJob, DeleteObject, Event, TaintNode
-from rtj_operator.decide.state import SPARE, WORKER, PassState
+from rtj_operator.decide.state import SPARE, STORE, STORE_KEY, WORKER, PassState
 from rtj_operator.observe import JobView
 from rtj_operator.progress import format_time, parse_time
 
@@ -51,7 +51,7 @@ def remove_surplus(run: PassState) -> None:
     """Pods and entries with an index beyond the spec (it shrank, or someone made them) go."""
     for pod in run.stray:
         run.delete_pod(pod, force=run.problem(pod) is not None)
-    limits = {WORKER: run.job.nodes, SPARE: run.job.hot_spares}
+    limits = {WORKER: run.job.nodes, SPARE: run.job.hot_spares, STORE: 1 if run.job.supervisor else 0}
     for key in [k for k in run.entries if k[1] >= limits.get(k[0], run.job.hot_spares)]:
         del run.entries[key]
 
@@ -76,7 +76,7 @@ def update_running_conditions(run: PassState) -> None:
     if succeeded == nodes:
         _succeed(run)
         return
-    if ready + succeeded == nodes and ready > 0:
+    if ready + succeeded == nodes and ready > 0 and _store_running(run):
         run.condition(
             events.COND_READY, True, events.REASON_ALL_WORKERS_READY, f"{ready}/{nodes} workers ready"
         )
@@ -90,18 +90,32 @@ def update_running_conditions(run: PassState) -> None:
         run.condition(events.COND_RECOVERING, False, events.REASON_NO_FAULT, "no fault is being recovered")
 
 
+def _store_running(run: PassState) -> bool:
+    """Supervisor: the world cannot form nor go on without its stores, so the job is Ready only while
+    the store pod runs too."""
+    pod = run.pod(*STORE_KEY)
+    return not run.job.supervisor or (
+        pod is not None
+        and pod.phase == "Running"
+        and not pod.deleting
+        and run.entry(*STORE_KEY).state == EntryState.RUNNING
+    )
+
+
 def _not_ready_message(run: PassState) -> str:
-    """`r/n workers ready`, and why a worker's container cannot start (ErrImagePull, ...) if one says."""
+    """`r/n workers ready`, whether the store pod (Supervisor) is not running, and why a worker's (or the
+    store's) container cannot start (ErrImagePull, ...) if one says."""
     ready, _, _ = run.worker_counts()
+    keys = [(WORKER, i) for i in range(run.job.nodes)] + ([STORE_KEY] if run.job.supervisor else [])
     waiting = [
-        f"{pod.name}: {pod.waiting}"
-        for i in range(run.job.nodes)
-        if (pod := run.pod(WORKER, i)) is not None and pod.waiting
+        f"{pod.name}: {pod.waiting}" for key in keys if (pod := run.pod(*key)) is not None and pod.waiting
     ]
     more = (
         [f"and {len(waiting) - MAX_WAITING_LISTED} more waiting"] if len(waiting) > MAX_WAITING_LISTED else []
     )
-    return "; ".join([f"{ready}/{run.job.nodes} workers ready", *waiting[:MAX_WAITING_LISTED], *more])
+    store = [] if _store_running(run) else [f"store pod {run.job.pod_name(*STORE_KEY)} not running"]
+    summary = [f"{ready}/{run.job.nodes} workers ready", *store]
+    return "; ".join([*summary, *waiting[:MAX_WAITING_LISTED], *more])
 
 
 def _succeed(run: PassState) -> None:
@@ -111,7 +125,7 @@ def _succeed(run: PassState) -> None:
     run.condition(events.COND_RECOVERING, False, events.REASON_FINISHED, "the job succeeded")
     run.event(events.NORMAL, events.JOB_SUCCEEDED, f"all {nodes} workers succeeded")
     run.completion_time = run.completion_time or format_time(run.now)
-    run.remove_all_pods(roles=(SPARE,))
+    run.remove_all_pods(roles=(SPARE, STORE))
 
 
 def suspend(run: PassState) -> None:
@@ -125,16 +139,21 @@ def suspend(run: PassState) -> None:
 
 
 def keep_finished(run: PassState) -> None:
-    if cond.condition_true(run.conditions, events.COND_FAILED):
+    failed = cond.condition_true(run.conditions, events.COND_FAILED)
+    if failed:
         run.remove_all_pods()
         for entry in run.entries.values():
             if (entry.role, entry.index) not in run.pods:
                 entry.state = EntryState.FAILED if entry.role == WORKER else EntryState.CREATING
     else:
-        run.remove_all_pods(roles=(SPARE,))
+        run.remove_all_pods(roles=(SPARE, STORE))
     for key in [k for k in run.entries if k[0] == SPARE]:
         if key not in run.pods:
             del run.entries[key]
+    store = run.entries.get(STORE_KEY)
+    if store is not None and STORE_KEY not in run.pods:
+        # Kept (status.store is merged, not replaced): the store pod is gone with the finished job.
+        store.reset(EntryState.FAILED if failed else EntryState.SUCCEEDED)
     _expire(run)
 
 

@@ -10,6 +10,11 @@
 - A spare: created wherever it fits (off excluded nodes and nodes replacements are pinned to, but
   not off nodes that are merely NotReady: its affinity would outlive their recovery), replaced when
   its node fails or the pod ends.
+- Under `faultTolerance.launcher` Supervisor: the store pod first (`run_store`), recreated once its
+  old pod is gone when a gang restart asked for a new one; no worker or spare is created while the
+  old store still stands (`store_allows_pods`), so every pod of a new world meets a fresh store. A
+  spare's pod runs reserve ranks of the world, so a replacement never takes a spare's node: it is
+  placed by the scheduler and stands by.
 
 Every pod is rendered whole by `rtj_operator.render` (a replacement's annotations included) and kept
 off the job's excluded nodes and the nodes that are not Ready.
@@ -24,7 +29,7 @@ from rtj_operator import events, render
 from rtj_operator.api import EntryState
 from rtj_operator.decide import failures
 from rtj_operator.decide.actions import CreateObject
-from rtj_operator.decide.state import OBSERVED_ON_NODE, SPARE, WORKER, Entry, PassState
+from rtj_operator.decide.state import OBSERVED_ON_NODE, SPARE, STORE_KEY, WORKER, Entry, PassState
 from rtj_operator.observe import PodState
 
 
@@ -42,6 +47,46 @@ def run_workers(run: PassState) -> None:
 def run_spares(run: PassState) -> None:
     for index in range(run.job.hot_spares):
         run_spare(run, index)
+
+
+def run_store(run: PassState) -> None:
+    """Supervisor: drive the store pod toward running; a `Replacing` store's old pod goes first."""
+    if not run.job.supervisor:
+        return
+    entry, pod = run.entry(*STORE_KEY), run.pod(*STORE_KEY)
+    if entry.state == EntryState.REPLACING:
+        if pod is not None:
+            failures.attribute_late_node_loss(run, entry, pod)
+            run.delete_pod(pod, force=run.problem(pod) is not None)
+            return
+        entry.reset()
+        create_store(run)
+        return
+    if entry.state == EntryState.CREATING:
+        if pod is None:
+            create_store(run)
+            return
+        if run.problem(pod) is not None:
+            # Never seen running (not counted): removed, and created again on a later pass.
+            run.delete_pod(pod, force=True)
+            return
+    sync_entry_from_pod(entry, pod)
+
+
+def create_store(run: PassState) -> None:
+    manifest = render.render_store_pod(run.job.model, uid=run.job.uid, excluded_nodes=run.excluded_names())
+    run.actions.append(CreateObject(manifest))
+    run.created_pods = True
+
+
+def store_allows_pods(run: PassState) -> bool:
+    """Whether workers and spares may be created (Supervisor): not while a gang restart waits for the
+    old store pod to go, nor while a store pod terminates (a suspended job's, resumed at once), lest
+    they meet an old world's store."""
+    if not run.job.supervisor:
+        return True
+    pod = run.pod(*STORE_KEY)
+    return run.entry(*STORE_KEY).state != EntryState.REPLACING and not (pod is not None and pod.deleting)
 
 
 def run_worker(run: PassState, index: int) -> None:
@@ -70,8 +115,12 @@ def _drive_replacing(run: PassState, entry: Entry, pod: PodState | None) -> None
     if until is not None:
         run.at(until)
         return
+    if not store_allows_pods(run):
+        return  # the old store pod's deletion wakes the next pass
     replaced_node = entry.node_name
-    spare_node = take_spare(run, run.excluded_names()) if run.job.hot_spares else None
+    # Under Supervisor a spare's pod runs the world's reserve ranks: it is never given up.
+    takes_spare = run.job.hot_spares > 0 and not run.job.supervisor
+    spare_node = take_spare(run, run.excluded_names()) if takes_spare else None
     entry.state, entry.node_name = EntryState.CREATING, spare_node or ""
     if spare_node:
         run.event(
@@ -88,6 +137,8 @@ def _drive_replacing(run: PassState, entry: Entry, pod: PodState | None) -> None
 def _drive_creating(run: PassState, entry: Entry, pod: PodState | None) -> None:
     """A wanted pod: create it, or replace one that cannot start where it was put."""
     if pod is None:
+        if not store_allows_pods(run):
+            return
         pinned = entry.node_name
         if pinned and (pinned not in run.observed.nodes or pinned in run.excluded_names()):
             pinned = entry.node_name = ""
@@ -238,6 +289,8 @@ def run_spare(run: PassState, index: int) -> None:
         return
     if pod is None:
         entry.reset()
+        if not store_allows_pods(run):
+            return
         # Keep new spares off the nodes that replacement workers are pinned to (a spare's old node).
         excluded = sorted(set(run.excluded_names(not_ready=False)) | pinned_nodes(run))
         manifest = render.render_spare_pod(run.job.model, index, uid=run.job.uid, excluded_nodes=excluded)
@@ -251,6 +304,11 @@ def run_spare(run: PassState, index: int) -> None:
             run.event(events.WARNING, events.NODE_LOST, f"spare pod {pod.name}: {problem.message}")
         entry.reset()
         run.delete_pod(pod, force=True)
+        return
+    if pod.phase == "Succeeded" and run.job.supervisor and not pod.disruption:
+        # Its ranks were the world's (reserve ones, or active ones that took over a lost rank's
+        # index) and the world finished: kept, as a worker that succeeded is.
+        sync_entry_from_pod(entry, pod)
         return
     if pod.phase in {"Failed", "Succeeded"} or pod.disruption:
         entry.reset()

@@ -5,7 +5,8 @@ Read top to bottom, it is the operator's design (docs/architecture.md, "The oper
 1. A finished job keeps what it must and expires after its TTL; a suspended job gives up its pods.
 2. Otherwise: resume if it was suspended, drop what is beyond the spec, detect the workers lost
    since the last pass and count them against the budget (`failures`); a job out of budget fails.
-3. Judge the spares' nodes, then drive every worker and spare toward a running pod (`placement`),
+3. Judge the spares' nodes, then drive the store pod (under Supervisor), every worker and spare
+   toward a running pod (`placement`),
    unless the job's FSx file system is not allowed for its namespace (`filesystems`), the API
    server refused one of the job's children for this spec (`admission`) or too few nodes could
    ever hold a worker (`capacity`).
@@ -51,6 +52,7 @@ def _run_active(run: PassState) -> None:
         return  # out of budget: the job failed
     failures.record_spare_faults(run)
     first_start = run.start_time is None
+    placement.run_store(run)  # Supervisor only: the store pod before the pods that need it
     placement.run_workers(run)
     placement.run_spares(run)
     filesystems.hold_disallowed(run)

@@ -21,7 +21,9 @@ from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import FORCE, GRACEFUL_DELETE_SECONDS, Action, DeletePod, Event
 from rtj_operator.observe import JobView, NodeProblem, Observed, PodState, node_health_problem, node_problem
 
-WORKER, SPARE = constants.ROLE_WORKER, constants.ROLE_SPARE
+WORKER, SPARE, STORE = constants.ROLE_WORKER, constants.ROLE_SPARE, constants.ROLE_STORE
+# The store pod's key (faultTolerance.launcher Supervisor): one per job.
+STORE_KEY = (STORE, 0)
 # Entry states in which the pod was seen on `nodeName`: only there can a fault be counted.
 OBSERVED_ON_NODE = frozenset({EntryState.PENDING, EntryState.RUNNING})
 
@@ -30,7 +32,7 @@ EntryKey = tuple[str, int]  # (role, index)
 
 @dataclass
 class Entry:
-    """status.workers.pods[]: the operator's record of one worker or spare."""
+    """status.workers.pods[] (status.store for the store pod): the operator's record of one pod."""
 
     role: str
     index: int
@@ -224,14 +226,17 @@ class PassState:
         entries = {
             (str(raw.get("role")), raw["index"]): Entry.from_status(raw)
             for raw in _dicts(workers.get("pods"))
-            if isinstance(raw.get("index"), int)
+            if isinstance(raw.get("index"), int) and raw.get("role") in (WORKER, SPARE)
         }
+        store = _dict_or_none(old.get("store"))
+        if store is not None and store.get("index") == 0:
+            entries[STORE_KEY] = Entry.from_status(store)
         pods: dict[EntryKey, PodState] = {}
         stray: list[PodState] = []
         for pod in observed.pods:
             if pod.name != job.pod_name(pod.role, pod.index):
                 continue  # not a name this job creates: someone else's pod carrying our labels
-            limit = job.nodes if pod.role == WORKER else job.hot_spares
+            limit = {WORKER: job.nodes, SPARE: job.hot_spares, STORE: 1 if job.supervisor else 0}[pod.role]
             if pod.index >= limit:
                 stray.append(pod)
             else:
@@ -356,7 +361,7 @@ class PassState:
             )
         self.actions.append(DeletePod(pod.name, pod.uid, FORCE if force else GRACEFUL_DELETE_SECONDS))
 
-    def remove_all_pods(self, *, roles: Sequence[str] = (WORKER, SPARE)) -> None:
+    def remove_all_pods(self, *, roles: Sequence[str] = (WORKER, SPARE, STORE)) -> None:
         """Delete the pods of `roles` (force on a dead node) and every stray pod; succeeded ones stay."""
         for (role, _), pod in sorted(self.pods.items()):
             if role in roles and pod.phase not in {"Succeeded"}:
@@ -386,7 +391,7 @@ class PassState:
 
     def to_status(self) -> dict[str, Any]:
         ready, _, spares = self.worker_counts()
-        ordered = sorted(self.entries, key=lambda k: (k[0] != WORKER, k[1]))
+        ordered = sorted((k for k in self.entries if k != STORE_KEY), key=lambda k: (k[0] != WORKER, k[1]))
         status: dict[str, Any] = {
             "observedGeneration": self.job.generation,
             "state": cond.state_from_conditions(self.conditions),
@@ -402,6 +407,8 @@ class PassState:
             "excludedNodes": [e.to_status() for e in self.excluded],
             "nodeFaults": [f.to_status() for f in self.faults],
         }
+        if STORE_KEY in self.entries:
+            status["store"] = self.entries[STORE_KEY].to_status()
         if not self.budget.is_empty():
             status["budget"] = self.budget.to_status()
         for key, value in (

@@ -293,6 +293,9 @@ async def _nodes_confirmed(
     referenced |= {
         e.get("nodeName") for e in (status.get("workers") or {}).get("pods") or [] if isinstance(e, dict)
     }
+    store = status.get("store")
+    if isinstance(store, Mapping):
+        referenced.add(store.get("nodeName"))
     for name in sorted(n for n in referenced if n and n not in known):
         node = await asyncio.to_thread(ctx.kube.get_node, name)
         if node is not None:
