@@ -70,11 +70,17 @@ def pod(
     }
 
 
-def test_only_running_workers_with_an_ip_are_read() -> None:
+def test_only_running_reporting_pods_with_an_ip_are_read() -> None:
+    reserve = pod("reserve", 9410, role="spare")  # Supervisor: a trainer pod with reserve ranks
+    reserve["spec"]["containers"][0]["env"] = [
+        {"name": constants.ENV_LAUNCH_MODE, "value": constants.LAUNCH_MODE_SUPERVISOR}
+    ]
     found = targets(
         [
             pod("a", 9410),
-            pod("spare", 9410, role="spare"),
+            pod("idle-spare", 9410, role="spare"),  # ft_launcher's spares only hold a node
+            reserve,
+            pod("store", 9410, role="store"),
             pod("pending", 9410, phase="Pending"),
             pod("no-ip", 9410, ip=""),
             pod("v6", 9411, ip="fd00::1"),
@@ -82,6 +88,7 @@ def test_only_running_workers_with_an_ip_are_read() -> None:
     )
     assert [(t.uid, t.url) for t in found] == [
         ("a", "http://127.0.0.1:9410/progress"),
+        ("reserve", "http://127.0.0.1:9410/progress"),
         ("v6", "http://[fd00::1]:9411/progress"),
     ]
 

@@ -167,8 +167,8 @@ def test_every_fault_class_is_recovered_in_process_from_memory(tmp_path: Path, s
             standby = _start_pod(tmp_path, _pod_env(tmp_path, port, 0, slots, faults, short_tmp), 0)
             for slot in (1, 2, 3):
                 assert pods[slot].wait(400) == 0, (tmp_path / f"pod-{slot}.log").read_text()[-3000:]
-            assert standby.poll() is None, "the standby pod must hold its node"
-            standby.send_signal(signal.SIGTERM)
+            # Once the world finished, the standby pod ends with success too: the operator counts
+            # a job done when every worker pod is.
             assert standby.wait(30) == 0
         finally:
             for slot in range(slots):
@@ -176,7 +176,7 @@ def test_every_fault_class_is_recovered_in_process_from_memory(tmp_path: Path, s
             for pod in [*pods.values(), *([standby] if standby is not None else [])]:
                 pod.wait(30)
     log0 = (tmp_path / "pod-0.log").read_text()
-    assert "standing by" in log0
+    assert "standing by" in log0 and "this pod's part is done" in log0
     events = _events(tmp_path)
     by_step: dict[int, set[str]] = {}
     for event in events:

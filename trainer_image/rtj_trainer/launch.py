@@ -246,7 +246,7 @@ def launch_supervised(env: TrainerEnv, command: list[str], child_env: dict[str, 
     address = resolve(env.store_host, env.store_port)
     if supervisor.world_formed(address, env.store_port):
         log.info("the world formed before this pod started: standing by")
-        return idle_as_spare()
+        return supervisor.stand_by(address, env.store_port)
     child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     child_env.setdefault("TMPDIR", tempfile.gettempdir())
     marker = Path(child_env["TMPDIR"]) / f"rtj-drain-{os.getpid()}"

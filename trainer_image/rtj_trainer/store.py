@@ -26,6 +26,8 @@ WRAPPER_STORE_OFFSET: Final = 0
 PG_STORE_OFFSET: Final = 1
 # Key a rank sets once the world has formed: a replacement pod that finds it stands by.
 WORLD_FORMED_KEY: Final = "rtj/world-formed"
+# Key rank 0 sets once the final checkpoint committed: a standing-by pod then ends with success.
+WORLD_FINISHED_KEY: Final = "rtj/world-finished"
 
 
 def serve(port: int, *, host: str = "0.0.0.0") -> list[Any]:

@@ -28,11 +28,11 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from rtj_trainer import drain
 from rtj_trainer.env import ACTIVE_WORLD_SIZE, TrainerEnv
-from rtj_trainer.store import PG_STORE_OFFSET, WORLD_FORMED_KEY
+from rtj_trainer.store import PG_STORE_OFFSET, WORLD_FINISHED_KEY, WORLD_FORMED_KEY
 
 log = logging.getLogger("rtj_trainer.supervisor")
 
@@ -63,19 +63,48 @@ def rank_environments(env: TrainerEnv, base: dict[str, str], store_address: str)
     return out
 
 
-def world_formed(store_address: str, port: int, timeout: float = 30.0) -> bool:
-    """Whether the world already formed (this pod replaces one it lost): asked of the store pod's
-    process-group store, where rank 0 sets the key when the first iteration starts."""
+def _groups_store(store_address: str, port: int, timeout: float) -> Any:
     import torch.distributed as dist
 
-    store = dist.TCPStore(  # type: ignore[attr-defined]
+    return dist.TCPStore(  # type: ignore[attr-defined]
         host_name=store_address,
         port=port + PG_STORE_OFFSET,
         is_master=False,
         wait_for_workers=False,
         timeout=dt.timedelta(seconds=timeout),
     )
-    return bool(store.check([WORLD_FORMED_KEY]))
+
+
+def world_formed(store_address: str, port: int, timeout: float = 30.0) -> bool:
+    """Whether the world already formed (this pod replaces one it lost): asked of the store pod's
+    process-group store, where rank 0 sets the key when the first iteration starts."""
+    return bool(_groups_store(store_address, port, timeout).check([WORLD_FORMED_KEY]))
+
+
+def stand_by(store_address: str, port: int, *, poll_seconds: float = 1.0) -> int:
+    """Hold the node until the world finishes (exit 0: this slot's part of the job is done, as its
+    replacement ranks finished it) or SIGTERM (the operator deletes the pod)."""
+    released: list[int] = []
+
+    def release(signum: int, _frame: object) -> None:
+        released.append(signum)
+
+    signal.signal(signal.SIGTERM, release)
+    signal.signal(signal.SIGINT, release)
+    log.info("standing by until the world finishes or SIGTERM")
+    store = None
+    while not released:
+        try:
+            store = store or _groups_store(store_address, port, timeout=poll_seconds * 5)
+            if store.check([WORLD_FINISHED_KEY]):
+                log.info("the world finished its training: this pod's part is done")
+                return 0
+        except Exception as err:
+            log.debug("store not answering: %s", err)
+            store = None
+        time.sleep(poll_seconds)
+    log.info("%s received while standing by", signal.Signals(released[0]).name)
+    return 0
 
 
 def pod_status(codes: Sequence[int]) -> int:

@@ -60,7 +60,7 @@ from rtj_trainer.progress import (
     train_start_time,
 )
 from rtj_trainer.restart import MainThreadPoker, WorldBrokenError
-from rtj_trainer.store import WORLD_FORMED_KEY
+from rtj_trainer.store import WORLD_FINISHED_KEY, WORLD_FORMED_KEY
 from rtj_trainer.supervisor import WORLD_BROKEN_EXIT_CODE
 
 log = logging.getLogger("rtj_trainer")
@@ -575,6 +575,8 @@ class Trainer:
         if not self.ckpt.wait_committed(steps, timeout=self.args.commit_timeout):
             raise RuntimeError(f"final checkpoint of step {steps} did not commit")
         dist.barrier()
+        if self.env.supervised and self.rank == 0:
+            self.pg_store.set(WORLD_FINISHED_KEY, str(steps))
         self.ckpt.poll()
         self.ckpt.refresh()
         self._update_progress(steps, self.progress.step_time_seconds, 0.0, self.progress.loss or 0.0)

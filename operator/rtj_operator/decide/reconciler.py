@@ -22,7 +22,7 @@ from datetime import datetime
 
 from rtj_operator.decide import admission, capacity, failures, filesystems, lifecycle, placement
 from rtj_operator.decide.actions import Plan
-from rtj_operator.decide.state import WORKER, PassState
+from rtj_operator.decide.state import PassState
 from rtj_operator.observe import JobView, Observed
 from rtj_operator.progress import RestartOffset, fold_progress
 
@@ -64,12 +64,9 @@ def _run_active(run: PassState) -> None:
 
 
 def _fold_progress(run: PassState) -> dict[str, RestartOffset]:
-    """Fold the workers' progress reports into restarts, progress and lastCheckpoint."""
-    reports = [
-        (p.uid, p.report)
-        for (role, _), p in sorted(run.pods.items())
-        if role == WORKER and p.report is not None
-    ]
+    """Fold the pods' progress reports (workers', and under the Supervisor launcher the hot
+    spares' whose ranks took over) into restarts, progress and lastCheckpoint."""
+    reports = [(p.uid, p.report) for _, p in sorted(run.pods.items()) if p.report is not None]
     previous = {
         "restarts": run.restarts.to_status(),
         "progress": run.progress,

@@ -74,14 +74,33 @@ def _progress_port(spec: Mapping[str, Any]) -> int:
     return constants.PROGRESS_PORT
 
 
+def _runs_reserve_ranks(spec: Mapping[str, Any]) -> bool:
+    """Rendered for the Supervisor launcher: its hot spares run reserve ranks."""
+    for container in spec.get("containers") or []:
+        for entry in _mapping(container).get("env") or []:
+            var = _mapping(entry)
+            if var.get("name") == constants.ENV_LAUNCH_MODE:
+                return var.get("value") == constants.LAUNCH_MODE_SUPERVISOR
+    return False
+
+
+def _reports_progress(labels: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    """Workers do; so do hot spares under the Supervisor launcher (their reserve ranks report once
+    they take over a lost index); ft_launcher's spares only hold a node."""
+    role = labels.get(constants.LABEL_ROLE)
+    if role == constants.ROLE_WORKER:
+        return True
+    return role == constants.ROLE_SPARE and _runs_reserve_ranks(spec)
+
+
 def targets(pods: Iterable[Mapping[str, Any]]) -> list[Target]:
-    """The endpoints to read: running, not deleting worker pods with an IP (pure)."""
+    """The endpoints to read: running, not deleting pods that report progress, with an IP (pure)."""
     found = []
     for pod in pods:
         metadata, spec, status = (_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
         labels = _mapping(metadata.get("labels"))
         ip, uid = status.get("podIP"), metadata.get("uid")
-        if labels.get(constants.LABEL_ROLE) != constants.ROLE_WORKER or status.get("phase") != "Running":
+        if not _reports_progress(labels, spec) or status.get("phase") != "Running":
             continue
         if metadata.get("deletionTimestamp") or not isinstance(ip, str) or not ip or not isinstance(uid, str):
             continue
