@@ -64,7 +64,11 @@ def test_fold_takes_the_lead_pod_and_newest_checkpoint() -> None:
         "stepTimeSeconds": 0.25,
         "goodputPercent": 50.0,
         "updateTime": "2026-01-01T12:01:40Z",
+        # The first step ever reported is an advance, at the lead report's time when no `now` is given.
+        "currentStep": 120,
+        "lastAdvanceTime": "2026-01-01T12:01:40Z",
     }
+    assert folded.advanced
     assert folded.last_checkpoint == {"step": 100, "time": "2026-01-01T12:01:00Z"}
     assert (folded.in_process_restarts, folded.in_job_restarts) == (2, 1)
 
