@@ -158,7 +158,7 @@ def recovery_ended(run: PassState) -> bool:
 
 def end_recovery(run: PassState) -> None:
     """Recovering=False (JobRecovered, with an Event), and the recovery recorded in status.lastRecovery."""
-    recovering = _condition(run, events.COND_RECOVERING) or {}
+    recovering = dict(_condition(run, events.COND_RECOVERING) or {})  # a copy: the condition changes below
     started = parse_time(recovering.get("lastTransitionTime"))
     nodes = run.job.nodes
     step = _current_step(run)
