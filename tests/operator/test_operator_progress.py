@@ -112,3 +112,34 @@ def test_progress_reports_reach_status_through_reconcile() -> None:
     assert status["restarts"] == {"inProcess": 1, "inJob": 1, "podReplacement": 0, "total": 2}
     # Reports that do not change leave status alone: no write.
     assert not world.reconcile().status_changed
+
+
+def test_the_trainers_report_carries_what_stall_detection_and_the_advice_read() -> None:
+    from rtj_trainer.progress import Progress, progress_json
+
+    trainer = Progress(node_rank=0, train_start_time=1767268800.0, step=57)
+    trainer.step_time_seconds, trainer.checkpoint_blocking_seconds = 0.5, 1.25
+    parsed = parse_report(json.dumps(progress_json(trainer, 1767268900.0)))
+    assert parsed is not None
+    assert (parsed.step, parsed.step_time_seconds, parsed.checkpoint_blocking_seconds) == (57, 0.5, 1.25)
+    assert parsed.train_start_time is not None and parsed.time is not None
+    assert (parsed.time - parsed.train_start_time).total_seconds() == 100
+
+
+def test_a_step_that_falls_after_a_restart_is_the_new_base_not_an_advance() -> None:
+    at = START + timedelta(seconds=300)
+    status = {"progress": {"step": 120, "currentStep": 120, "lastAdvanceTime": "2026-01-01T12:01:40Z"}}
+    restored = parse_report(report(100, at=300))
+    assert restored is not None
+    folded = fold_progress(status, [("new", restored)], {}, at)
+    assert not folded.advanced
+    assert folded.progress is not None
+    # status.progress.step keeps the highest step seen; currentStep is where training is now.
+    assert (folded.progress["step"], folded.progress["currentStep"]) == (120, 100)
+    assert folded.progress["lastAdvanceTime"] == "2026-01-01T12:01:40Z"
+    redone = parse_report(report(101, at=301))
+    assert redone is not None
+    again = fold_progress({"progress": folded.progress}, [("new", redone)], {}, at)
+    assert again.advanced and again.progress is not None
+    assert again.progress["currentStep"] == 101
+    assert again.progress["lastAdvanceTime"] == "2026-01-01T12:05:00Z"

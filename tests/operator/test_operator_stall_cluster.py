@@ -1,0 +1,153 @@
+"""Training that stops advancing, on the local cluster: the operator reads the step from the worker's
+progress endpoint, reports the job Stalled (condition and Warning Event) while its pod stays Ready,
+clears it when the step advances again, advises a checkpoint interval once a fault was counted, and
+ends a recovery only when the replacement's training advances, not when its pod is ready.
+
+The worker runs a stand-in for the trainer (direct launch mode, no torch): it writes progress reports
+where rtj-launch serves them, takes five steps (a save blocking 2 s, one in-process restart), then
+hangs at step 5 until the test drops a marker on the checkpoint volume. Its replacement waits
+`FIRST_STEP_DELAY` seconds before its first step, as a restarted trainer loading a checkpoint does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from operator_cluster import apply, event_reasons, install_crd, job_manifest, job_status, new_namespace
+from rtj_localcluster.testing import kubectl, wait_for
+from rtj_operator import constants, events, status_cli
+from rtj_operator.main import EmbeddedOperator
+from rtj_operator.progress import parse_time
+
+pytestmark = pytest.mark.slow
+
+STALL_AFTER_SECONDS = 12  # above the operator's 5 s between reads of the endpoint
+FIRST_STEP_DELAY = 8
+STAND_IN = f"""
+import json, os, pathlib, time
+out = os.environ["RTJ_PROGRESS_FILE"]
+directory = pathlib.Path(os.environ["RTJ_CHECKPOINT_DIR"])
+first = not (directory / "started").exists()
+(directory / "started").touch()
+start = time.time()
+def rfc(t):
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + "Z"
+def report(step):
+    body = {{"v": 1, "time": rfc(time.time()), "step": step, "stepTimeSeconds": 0.5,
+            "restarts": {{"inProcess": 1 if first and step >= 3 else 0, "inJob": 0}},
+            "checkpointBlockingSeconds": 2.0 if step >= 2 else 0.0, "usefulStepSeconds": step * 0.5,
+            "trainStartTime": rfc(start)}}
+    with open(out + ".tmp", "w") as f:
+        f.write(json.dumps(body))
+    os.replace(out + ".tmp", out)
+step = 1
+if first:
+    for step in range(1, 6):
+        report(step)
+        time.sleep(0.5)
+    while not (directory / "resume").exists():
+        time.sleep(0.2)
+    step = 6
+else:
+    time.sleep({FIRST_STEP_DELAY})
+while True:
+    report(step)
+    step += 1
+    time.sleep(0.5)
+"""
+
+
+def checkpoint_dir(kubeconfig: Path, namespace: str, job: str) -> Path:
+    pvc = json.loads(kubectl(kubeconfig, "get", "pvc", f"{job}-checkpoints", "-n", namespace, "-o", "json"))
+    pv = json.loads(kubectl(kubeconfig, "get", "pv", pvc["spec"]["volumeName"], "-o", "json"))
+    return Path(pv["spec"]["hostPath"]["path"]) / job
+
+
+def condition(status: dict[str, object], type_: str) -> dict[str, str]:
+    conditions = status.get("conditions")
+    assert isinstance(conditions, list)
+    found: dict[str, str] = next(c for c in conditions if c["type"] == type_)
+    return found
+
+
+def test_a_job_whose_step_stops_is_stalled_then_resumes_and_recovers_only_when_training_advances(
+    kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+    nodes = json.loads(kubectl(kubeconfig, "get", "nodes", "-o", "json"))["items"]
+    manifest = job_manifest(
+        "stall",
+        namespace,
+        nodes=1,
+        instanceType=nodes[0]["metadata"]["labels"][constants.LABEL_INSTANCE_TYPE],
+        command=["python", "-c", STAND_IN],
+        progress={"stallAfterSeconds": STALL_AFTER_SECONDS},
+    )
+    try:
+        with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+            apply(kubeconfig, manifest, tmp_path)
+            stalled = wait_for(
+                lambda: (
+                    s if (s := job_status(kubeconfig, namespace, "stall")).get("state") == "Stalled" else None
+                ),
+                timeout=180,
+                interval=1,
+                message="the job to be Stalled",
+            )
+            # The pod is Ready all along: only the step says training stopped.
+            assert condition(stalled, "Ready")["status"] == "True"
+            stall = condition(stalled, "Stalled")
+            assert (stall["status"], stall["reason"]) == ("True", events.REASON_NO_PROGRESS)
+            assert "past step 5" in stall["message"]
+            assert stalled["progress"]["currentStep"] == 5
+            assert event_reasons(kubeconfig, namespace, "stall").count(events.TRAINING_STALLED) == 1
+            # One in-process restart and a save blocking 2 s: an interval is advised.
+            advice = stalled["checkpointAdvice"]
+            assert advice["saveCostSeconds"] == 2.0 and advice["faults"] == 1
+            assert advice["configuredIntervalSteps"] == 100
+            assert advice["recommendedIntervalSteps"] >= 1 and advice["recommendedIntervalSeconds"] > 0
+            assert status_cli.main(["stall", "-n", namespace, "--kubeconfig", str(kubeconfig)]) == 0
+            printed = capsys.readouterr().out
+            assert "State:          Stalled" in printed and "by Young/Daly, configured 100" in printed
+            wide = kubectl(kubeconfig, "-n", namespace, "get", "rtj", "stall", "-o", "wide").splitlines()
+            assert wide[0].split()[-2:] == ["INTERVAL", "ADVISED"]
+            assert wide[1].split()[-2:] == ["100", str(advice["recommendedIntervalSteps"])]
+
+            (checkpoint_dir(kubeconfig, namespace, "stall") / "resume").touch()
+
+            def unstalled() -> dict[str, object] | None:
+                status = job_status(kubeconfig, namespace, "stall")
+                return status if condition(status, "Stalled")["status"] == "False" else None
+
+            resumed = wait_for(
+                unstalled,
+                timeout=120,
+                interval=1,
+                message="the stall to clear",
+            )
+            assert condition(resumed, "Stalled")["reason"] == events.TRAINING_RESUMED
+            assert resumed["state"] == "Running"
+            assert events.TRAINING_RESUMED in event_reasons(kubeconfig, namespace, "stall")
+
+            # A pod replaced by the operator: the recovery ends with the replacement's first step.
+            kubectl(kubeconfig, "-n", namespace, "delete", "pod", "stall-worker-0", "--wait=false")
+            recovered = wait_for(
+                lambda: s if (s := job_status(kubeconfig, namespace, "stall")).get("lastRecovery") else None,
+                timeout=180,
+                interval=1,
+                message="the recovery to end",
+            )
+            last = recovered["lastRecovery"]
+            assert last["reason"] == events.WORKER_DISRUPTED
+            ready_again = parse_time(condition(recovered, "Ready")["lastTransitionTime"])
+            resume, fault = parse_time(last["resumeTime"]), parse_time(last["faultTime"])
+            assert ready_again is not None and resume is not None and fault is not None
+            # The pod was ready before training was: the recovery lasted past its first-step delay.
+            assert resume > ready_again and last["durationSeconds"] >= FIRST_STEP_DELAY
+            assert condition(recovered, "Recovering")["reason"] == events.JOB_RECOVERED
+            assert recovered["state"] == "Running"
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
