@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -184,6 +184,7 @@ def fold_progress(
     reports: Sequence[tuple[str, ProgressReport]],
     offsets: Mapping[str, RestartOffset],
     now: datetime | None = None,
+    leaving: Collection[str] = (),
 ) -> FoldedProgress:
     """Fold the current pods' reports (keyed by pod uid) into the status fields they feed.
 
@@ -196,23 +197,20 @@ def fold_progress(
       max(previous count, max over pods of offset + the pod's count): never decreasing, and counting
       restarts that happened after a replacement. A pod first seen by a freshly started operator
       (offsets are memory, the counts are status) gets the offset that makes it add nothing yet.
-    - currentStep and lastAdvanceTime (`track_advance`): the lead pod's step, which may fall below
-      `step` after a restart from a checkpoint; training advanced when it rose, at `now` (the
-      operator's clock, so that a trainer's skewed clock cannot fake or hide a stall).
+    - currentStep and lastAdvanceTime (`track_advance`): the most advanced pod's step among those
+      not `leaving` (pods being deleted: their last report is not where training is now), which may
+      fall below `step` after a restart from a checkpoint; training advanced when it rose, at `now`
+      (the operator's clock, so that a trainer's skewed clock cannot fake or hide a stall).
     """
     best_in_process, best_in_job, new_offsets = _fold_restarts(status, reports, offsets)
     old_progress = status.get("progress")
     progress: dict[str, Any] | None = dict(old_progress) if isinstance(old_progress, dict) else None
-    advanced, lead = False, None
-    if reports:
-        # The most advanced pod; ties go to the newest report so the step time is fresh.
-        _, lead = max(
-            reports,
-            key=lambda item: (item[1].step, item[1].time or datetime.min.replace(tzinfo=UTC)),
-        )
+    advanced, lead, current = False, _lead(reports), _lead([r for r in reports if r[0] not in leaving])
+    if lead is not None:
         old = progress or {}
         progress = _lead_progress(lead) if lead.step >= _int(old.get("step"), -1) else dict(old)
-        advanced = track_advance(progress, old, lead.step, now or lead.time)
+        if current is not None:
+            advanced = track_advance(progress, old, current.step, now or current.time)
     costs = [r.checkpoint_blocking_seconds for _, r in reports if r.checkpoint_blocking_seconds]
     training = None
     if lead is not None and lead.time is not None and lead.train_start_time is not None:
@@ -224,11 +222,19 @@ def fold_progress(
         in_job_restarts=best_in_job,
         offsets=new_offsets,
         advanced=advanced,
-        advance_report_time=lead.time if advanced and lead is not None else None,
+        advance_report_time=current.time if advanced and current is not None else None,
         save_cost_seconds=max(costs) if costs else None,
         training_seconds=training,
         reported=bool(reports),
     )
+
+
+def _lead(reports: Sequence[tuple[str, ProgressReport]]) -> ProgressReport | None:
+    """The most advanced pod's report; ties go to the newest report so the step time is fresh."""
+    if not reports:
+        return None
+    _, lead = max(reports, key=lambda item: (item[1].step, item[1].time or datetime.min.replace(tzinfo=UTC)))
+    return lead
 
 
 def _fold_restarts(

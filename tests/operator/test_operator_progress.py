@@ -143,3 +143,14 @@ def test_a_step_that_falls_after_a_restart_is_the_new_base_not_an_advance() -> N
     assert again.advanced and again.progress is not None
     assert again.progress["currentStep"] == 101
     assert again.progress["lastAdvanceTime"] == "2026-01-01T12:05:00Z"
+
+
+def test_a_pod_being_deleted_does_not_hold_the_current_step_up() -> None:
+    at = START + timedelta(seconds=300)
+    status = {"progress": {"step": 120, "currentStep": 120}}
+    stale, fresh = parse_report(report(120, at=200)), parse_report(report(101, at=300))
+    assert stale is not None and fresh is not None
+    folded = fold_progress(status, [("old", stale), ("new", fresh)], {}, at, leaving={"old"})
+    assert folded.progress is not None and folded.progress["currentStep"] == 101
+    # Its report still counts for the highest step seen.
+    assert folded.progress["step"] == 120

@@ -87,7 +87,8 @@ def _fold_progress(run: PassState) -> None:
         "progress": run.progress,
         "lastCheckpoint": run.last_checkpoint,
     }
-    folded = fold_progress(previous, reports, run.observed.offsets, run.now)
+    leaving = {p.uid for p in run.pods.values() if p.deleting}
+    folded = fold_progress(previous, reports, run.observed.offsets, run.now, leaving)
     run.folded = folded
     run.restarts.in_process = folded.in_process_restarts
     run.restarts.in_job = folded.in_job_restarts
