@@ -7,6 +7,8 @@ The worker runs a stand-in for the trainer (direct launch mode, no torch): it wr
 where rtj-launch serves them, takes five steps (a save blocking 2 s, one in-process restart), then
 hangs at step 5 until the test drops a marker on the checkpoint volume. Its replacement waits
 `FIRST_STEP_DELAY` seconds before its first step, as a restarted trainer loading a checkpoint does.
+A second test runs the real trainer (rtj-train under ft_launcher, torch on CPU) into an injected
+hang that outlasts every timeout of its own recovery layers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from operator_cluster import apply, event_reasons, install_crd, job_manifest, job_status, new_namespace
+from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.testing import kubectl, wait_for
 from rtj_operator import constants, events, status_cli
 from rtj_operator.main import EmbeddedOperator
@@ -149,5 +152,67 @@ def test_a_job_whose_step_stops_is_stalled_then_resumes_and_recovers_only_when_t
             assert resume > ready_again and last["durationSeconds"] >= FIRST_STEP_DELAY
             assert condition(recovered, "Recovering")["reason"] == events.JOB_RECOVERED
             assert recovered["state"] == "Running"
+            print(f"last recovery: {last}")
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+TRAIN_STEPS = 400
+TRAINER_STALL_AFTER_SECONDS = 60
+
+
+@pytest.mark.local_cluster(nodes=2, profile="cpu")
+def test_the_real_trainer_hung_past_every_timeout_is_stalled_and_advised_after_its_restart(
+    local_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """rtj-train under ft_launcher (1 pod x 1 rank): an exception at step 4 is recovered in-process
+    (a fault counted, checkpoints every 2 steps measured), then a hang at step 8 outlasts every
+    timeout of the trainer's layers: the operator reports the job Stalled while its pod is Ready."""
+    kubeconfig = local_cluster.kubeconfig_path
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+    manifest = job_manifest(
+        "hang",
+        namespace,
+        nodes=1,
+        processesPerNode=1,
+        command=["rtj-train"],
+        args=["--steps", str(TRAIN_STEPS), "--step-sleep", "0.2", "--hidden", "32", "--layers", "1"],
+        checkpoint={"intervalSteps": 2},
+        env=[
+            {"name": "RTJ_PROGRESS_INTERVAL_SECONDS", "value": "1"},
+            {"name": "RTJ_FAULTS", "value": "exception@step=4,rank=0;hang@step=8,rank=0"},
+        ],
+        # Longer than the test: nothing of the trainer's recovers the hang.
+        faultTolerance={
+            "heartbeatTimeoutSeconds": 1200,
+            "initialHeartbeatTimeoutSeconds": 1200,
+            "inProcess": {"softTimeoutSeconds": 900, "hardTimeoutSeconds": 1000},
+        },
+        # Above what ft_launcher, torch's import and the rendezvous take here before the first step.
+        progress={"stallAfterSeconds": TRAINER_STALL_AFTER_SECONDS},
+    )
+    try:
+        with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+            apply(kubeconfig, manifest, tmp_path)
+            stalled = wait_for(
+                lambda: (
+                    s if (s := job_status(kubeconfig, namespace, "hang")).get("state") == "Stalled" else None
+                ),
+                timeout=400,
+                interval=1,
+                message="the hung job to be Stalled",
+            )
+            assert condition(stalled, "Ready")["status"] == "True"
+            # The hang fires as step 9 starts; the trainer's live report goes out at most once a
+            # second, so the last step it showed may be a few short of 8.
+            step = stalled["progress"]["currentStep"]
+            assert 4 < step <= 8 and f"past step {step} " in condition(stalled, "Stalled")["message"]
+            assert stalled["restarts"]["inProcess"] == 1
+            assert event_reasons(kubeconfig, namespace, "hang").count(events.TRAINING_STALLED) == 1
+            advice = stalled["checkpointAdvice"]
+            assert advice["faults"] == 1 and advice["saveCostSeconds"] > 0
+            assert advice["configuredIntervalSteps"] == 2 and advice["recommendedIntervalSteps"] >= 1
+            print(f"stalled at step {step}; checkpoint advice: {advice}")
     finally:
         kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
