@@ -55,7 +55,8 @@ def test_the_deadline_counts_from_the_later_of_the_last_step_and_readiness() -> 
 
 def test_a_step_that_does_not_advance_is_a_stall_reported_once_and_cleared_by_the_next_step() -> None:
     world = stalled_world()
-    assert world.condition(events.COND_STALLED)["status"] == "False"
+    not_stalled = world.condition(events.COND_STALLED)
+    assert (not_stalled["status"], not_stalled["reason"]) == ("False", events.REASON_NOT_STALLED)
     assert world.status()["progress"]["currentStep"] == 10
     advanced_at = parse_time(world.status()["progress"]["lastAdvanceTime"])
     assert advanced_at == world.now
@@ -123,6 +124,8 @@ def test_a_recovery_ends_when_training_advances_not_when_its_workers_are_ready()
     recovering = world.condition(events.COND_RECOVERING)
     assert (recovering["status"], recovering["reason"]) == ("True", events.NODE_LOST)
     fault_time = recovering["lastTransitionTime"]
+    # While the operator restarts the worker, stalls are not judged.
+    assert world.condition(events.COND_STALLED)["reason"] == events.REASON_WORKERS_NOT_READY
     world.reports.clear()  # the lost pod's report is gone with it; the survivor's ran on to step 40
     world.settle()
     assert world.condition(events.COND_READY)["status"] == "True"

@@ -115,16 +115,13 @@ def watch_stall(run: PassState) -> None:
         run.event(events.NORMAL, events.TRAINING_RESUMED, message)
     elif stalled:  # stallAfterSeconds was raised past the time without a step
         _not_stalled(run, events.REASON_NOT_STALLED, f"spec.progress.stallAfterSeconds is now {limit}")
-    else:
+    elif (_condition(run, events.COND_STALLED) or {}).get("reason") != events.TRAINING_RESUMED:
         _not_stalled(run, events.REASON_NOT_STALLED, "training has not stalled")
 
 
 def _not_stalled(run: PassState, reason: str, message: str) -> None:
-    """Stalled=False: set when absent or True; a False one keeps the reason its stall ended with."""
-    if cond.condition_true(run.conditions, events.COND_STALLED) or not cond.condition_set(
-        run.conditions, events.COND_STALLED
-    ):
-        run.condition(events.COND_STALLED, False, reason, message)
+    """Stalled=False with why (an unchanged condition is not rewritten)."""
+    run.condition(events.COND_STALLED, False, reason, message)
 
 
 def _stall_message(run: PassState, last_advance: datetime | None, ready_since: datetime, limit: int) -> str:
