@@ -51,11 +51,11 @@ def _advice_line(advice: Mapping[str, Any]) -> str:
     if advice.get("meanTimeBetweenFaultsSeconds") is not None:
         measured.append(
             f"mean time between faults {advice['meanTimeBetweenFaultsSeconds']} s "
-            f"({advice.get('faults', 0)} faults)"
+            f"({advice.get('faults') or 0} faults)"
         )
     basis = f" [{'; '.join(measured)}]" if measured else ""
     if advice.get("recommendedIntervalSeconds") is None:
-        return f"{advice.get('message', 'none')}{basis}"
+        return f"{advice.get('message') or 'none'}{basis}"
     steps = advice.get("recommendedIntervalSteps")
     every = (
         f"every {steps} steps ({advice['recommendedIntervalSeconds']} s)"
@@ -68,8 +68,8 @@ def _advice_line(advice: Mapping[str, Any]) -> str:
 def _recovery_line(recovery: Mapping[str, Any]) -> str:
     if not recovery:
         return "none"
-    text = f"{recovery.get('reason', 'fault')} at {recovery.get('faultTime', '?')}"
-    text += f", training resumed at {recovery.get('resumeTime', '?')}"
+    text = f"{recovery.get('reason') or 'fault'} at {recovery.get('faultTime') or '?'}"
+    text += f", training resumed at {recovery.get('resumeTime') or '?'}"
     if recovery.get("durationSeconds") is not None:
         text += f" after {recovery['durationSeconds']} s"
     if recovery.get("step") is not None:

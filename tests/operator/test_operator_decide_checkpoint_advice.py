@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import math
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from operator_world import T0, WORKER, World, running_world
 from rtj_operator.decide.checkpoint_advice import (
+    ADVICE_FIELDS,
     NO_FAULT_YET,
     NO_SAVE_YET,
     advise,
@@ -55,21 +57,27 @@ def test_intervals_in_steps_and_bad_inputs() -> None:
             daly_interval_seconds(*bad)
 
 
+def known(advice: dict[str, Any]) -> dict[str, Any]:
+    """The fields that have a value (the others are null, which removes them from the stored status)."""
+    assert set(advice) == set(ADVICE_FIELDS)
+    return {k: v for k, v in advice.items() if v is not None}
+
+
 def test_advice_needs_a_save_and_a_fault() -> None:
     base = {"training_seconds": 7200.0, "step_seconds": 0.5, "configured_steps": 100}
-    assert advise(save_cost_seconds=None, faults=2, **base) == {  # type: ignore[arg-type]
+    assert known(advise(save_cost_seconds=None, faults=2, **base)) == {  # type: ignore[arg-type]
         "configuredIntervalSteps": 100,
         "faults": 2,
         "meanTimeBetweenFaultsSeconds": 3600.0,
         "message": NO_SAVE_YET,
     }
-    assert advise(save_cost_seconds=10.0, faults=0, **base) == {  # type: ignore[arg-type]
+    assert known(advise(save_cost_seconds=10.0, faults=0, **base)) == {  # type: ignore[arg-type]
         "configuredIntervalSteps": 100,
         "faults": 0,
         "saveCostSeconds": 10.0,
         "message": NO_FAULT_YET,
     }
-    assert advise(save_cost_seconds=10.0, faults=2, **base) == {  # type: ignore[arg-type]
+    assert known(advise(save_cost_seconds=10.0, faults=2, **base)) == {  # type: ignore[arg-type]
         "configuredIntervalSteps": 100,
         "faults": 2,
         "saveCostSeconds": 10.0,
@@ -107,7 +115,7 @@ def test_status_advises_from_the_slowest_save_and_the_faults_counted() -> None:
     # No fault yet: the save cost is measured, no interval is advised.
     feed(world, [report(100, at=3600, blocking=8.0), report(100, at=3600, blocking=10.0)])
     world.reconcile()
-    advice = world.status()["checkpointAdvice"]
+    advice = known(world.status()["checkpointAdvice"])
     assert advice == {
         "configuredIntervalSteps": 50,
         "faults": 0,
@@ -118,12 +126,14 @@ def test_status_advises_from_the_slowest_save_and_the_faults_counted() -> None:
     feed(world, [report(200, at=7200, blocking=0, in_process=2), report(200, at=7200, blocking=0)])
     world.tick(5)
     world.reconcile()
-    advice = world.status()["checkpointAdvice"]
+    advice = known(world.status()["checkpointAdvice"])
     # The newest reports measured no save: the cost measured before is kept.
     assert advice["saveCostSeconds"] == 10.0 and advice["faults"] == 2
     assert advice["meanTimeBetweenFaultsSeconds"] == 3600.0
     assert advice["recommendedIntervalSeconds"] == 261.7
     assert advice["recommendedIntervalSteps"] == 523
+    # The message of the earlier advice is cleared (null, so the merge patch of status removes it).
+    assert "message" not in advice and world.status()["checkpointAdvice"]["message"] is None
     # No report: the advice stays as it was (an idle job's status is not rewritten).
     world.reports.clear()
     world.tick(60)

@@ -18,6 +18,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+# The fields of status.checkpointAdvice.
+ADVICE_FIELDS = (
+    "saveCostSeconds",
+    "faults",
+    "meanTimeBetweenFaultsSeconds",
+    "recommendedIntervalSeconds",
+    "recommendedIntervalSteps",
+    "configuredIntervalSteps",
+    "message",
+)
 # Without a fault there is no rate to advise from: said in the status instead of a number.
 NO_FAULT_YET = "no fault counted yet: no interval to advise"
 NO_SAVE_YET = "no checkpoint save measured yet: no interval to advise"
@@ -58,8 +68,13 @@ def advise(
     step_seconds: float | None,
     configured_steps: int,
 ) -> dict[str, Any]:
-    """`status.checkpointAdvice`: the measured inputs, and Daly's interval once they are all known."""
-    advice: dict[str, Any] = {"configuredIntervalSteps": configured_steps, "faults": faults}
+    """`status.checkpointAdvice`: the measured inputs, and Daly's interval once they are all known.
+
+    Every field is present, None when unknown: status is written as a merge patch, in which only a
+    null removes a field that an earlier advice had (a stale `message` beside a recommendation).
+    """
+    advice: dict[str, Any] = dict.fromkeys(ADVICE_FIELDS)
+    advice.update(configuredIntervalSteps=configured_steps, faults=faults)
     if save_cost_seconds is not None and save_cost_seconds > 0:
         advice["saveCostSeconds"] = round(save_cost_seconds, 4)
     if faults > 0 and training_seconds is not None and training_seconds > 0:

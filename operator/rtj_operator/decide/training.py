@@ -167,15 +167,14 @@ def end_recovery(run: PassState) -> None:
         message = f"training advanced to step {step}{after}; all {nodes} workers are ready"
     run.event(events.NORMAL, events.JOB_RECOVERED, message)
     run.condition(events.COND_RECOVERING, False, events.JOB_RECOVERED, message)
-    record: dict[str, Any] = {"resumeTime": format_time(run.now)}
-    if recovering.get("reason"):
-        record["reason"] = recovering["reason"]
-    if started is not None:
-        record["faultTime"] = format_time(started)
-        record["durationSeconds"] = seconds
-    if step is not None:
-        record["step"] = step
-    run.last_recovery = record
+    # Every field, None when unknown: status is a merge patch, where only null removes a field.
+    run.last_recovery = {
+        "reason": recovering.get("reason") or None,
+        "faultTime": format_time(started) if started is not None else None,
+        "resumeTime": format_time(run.now),
+        "durationSeconds": seconds,
+        "step": step,
+    }
 
 
 def await_progress(run: PassState) -> None:
