@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from operator_cluster import apply, event_reasons, install_crd, job_manifest, job_status, new_namespace
@@ -92,21 +93,20 @@ def test_a_job_whose_step_stops_is_stalled_then_resumes_and_recovers_only_when_t
     try:
         with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
             apply(kubeconfig, manifest, tmp_path)
-            stalled = wait_for(
-                lambda: (
-                    s if (s := job_status(kubeconfig, namespace, "stall")).get("state") == "Stalled" else None
-                ),
-                timeout=180,
-                interval=1,
-                message="the job to be Stalled",
-            )
+
+            def hung_at_step_5() -> dict[str, Any] | None:
+                status = job_status(kubeconfig, namespace, "stall")
+                step = (status.get("progress") or {}).get("currentStep")
+                return status if status.get("state") == "Stalled" and step == 5 else None
+
+            stalled = wait_for(hung_at_step_5, timeout=180, interval=1, message="the job to be Stalled")
             # The pod is Ready all along: only the step says training stopped.
             assert condition(stalled, "Ready")["status"] == "True"
             stall = condition(stalled, "Stalled")
             assert (stall["status"], stall["reason"]) == ("True", events.REASON_NO_PROGRESS)
             assert "past step 5" in stall["message"]
             assert stalled["progress"]["currentStep"] == 5
-            assert event_reasons(kubeconfig, namespace, "stall").count(events.TRAINING_STALLED) == 1
+            assert events.TRAINING_STALLED in event_reasons(kubeconfig, namespace, "stall")
             # One in-process restart and a save blocking 2 s: an interval is advised.
             advice = stalled["checkpointAdvice"]
             assert advice["saveCostSeconds"] == 2.0 and advice["faults"] == 1
@@ -195,21 +195,22 @@ def test_the_real_trainer_hung_past_every_timeout_is_stalled_and_advised_after_i
     try:
         with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
             apply(kubeconfig, manifest, tmp_path)
-            stalled = wait_for(
-                lambda: (
-                    s if (s := job_status(kubeconfig, namespace, "hang")).get("state") == "Stalled" else None
-                ),
-                timeout=400,
-                interval=1,
-                message="the hung job to be Stalled",
-            )
+
+            def hung() -> dict[str, Any] | None:
+                # A start slower than the stall time (a loaded machine) is a stall of its own, cleared
+                # by the first step: wait for the one at the hang, after the restart at step 4.
+                status = job_status(kubeconfig, namespace, "hang")
+                step = (status.get("progress") or {}).get("currentStep") or 0
+                return status if status.get("state") == "Stalled" and step > 4 else None
+
+            stalled = wait_for(hung, timeout=400, interval=1, message="the hung job to be Stalled")
             assert condition(stalled, "Ready")["status"] == "True"
             # The hang fires as step 9 starts; the trainer's live report goes out at most once a
             # second, so the last step it showed may be a few short of 8.
             step = stalled["progress"]["currentStep"]
             assert 4 < step <= 8 and f"past step {step} " in condition(stalled, "Stalled")["message"]
             assert stalled["restarts"]["inProcess"] == 1
-            assert event_reasons(kubeconfig, namespace, "hang").count(events.TRAINING_STALLED) == 1
+            assert events.TRAINING_STALLED in event_reasons(kubeconfig, namespace, "hang")
             advice = stalled["checkpointAdvice"]
             assert advice["faults"] == 1 and advice["saveCostSeconds"] > 0
             assert advice["configuredIntervalSteps"] == 2 and advice["recommendedIntervalSteps"] >= 1
