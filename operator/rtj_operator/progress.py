@@ -210,7 +210,9 @@ def fold_progress(
         old = progress or {}
         progress = _lead_progress(lead) if lead.step >= _int(old.get("step"), -1) else dict(old)
         if current is not None:
-            advanced = track_advance(progress, old, current.step, now or current.time)
+            checkpoint = _dict_or_empty(status.get("lastCheckpoint")).get("step")
+            saved = checkpoint if isinstance(checkpoint, int) and not isinstance(checkpoint, bool) else None
+            advanced = track_advance(progress, old, current.step, now or current.time, saved)
     costs = [r.checkpoint_blocking_seconds for _, r in reports if r.checkpoint_blocking_seconds]
     training = None
     if lead is not None and lead.time is not None and lead.train_start_time is not None:
@@ -227,6 +229,10 @@ def fold_progress(
         training_seconds=training,
         reported=bool(reports),
     )
+
+
+def _dict_or_empty(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _lead(reports: Sequence[tuple[str, ProgressReport]]) -> ProgressReport | None:
@@ -288,18 +294,26 @@ def _fold_checkpoint(
     return checkpoint
 
 
-def track_advance(progress: dict[str, Any], old: Mapping[str, Any], step: int, at: datetime | None) -> bool:
+def track_advance(
+    progress: dict[str, Any],
+    old: Mapping[str, Any],
+    step: int,
+    at: datetime | None,
+    checkpoint_step: int | None = None,
+) -> bool:
     """Record the lead pod's `step` as `currentStep` in `progress`; True when training advanced.
 
     Training advanced when the step rose above the previous `currentStep` (or, in a status without
     one, above `step`; with neither, above 0: the first step). A step that fell (a restart resumed
-    from an older checkpoint) is only the new base: the steps redone from there are advances again.
-    `lastAdvanceTime` moves to `at` on an advance and is otherwise kept.
+    from an older checkpoint) is an advance when it is above `checkpoint_step`, the newest committed
+    checkpoint before this report (a trainer reports a step once it completed it, so a restarted one
+    above its checkpoint has trained); otherwise it is only the new base, and the steps redone from
+    there are advances again. `lastAdvanceTime` moves to `at` on an advance and is otherwise kept.
     """
     previous = _int(old.get("currentStep"), -1)
     if previous < 0:
         previous = _int(old.get("step"), 0)
-    advanced = step > previous
+    advanced = step > previous or (step < previous and checkpoint_step is not None and step > checkpoint_step)
     progress["currentStep"] = step
     last = old.get("lastAdvanceTime")
     if advanced and at is not None:

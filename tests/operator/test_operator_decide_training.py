@@ -135,7 +135,7 @@ def test_a_recovery_ends_when_training_advances_not_when_its_workers_are_ready()
     assert recovering["message"].endswith("waiting for training to advance past step 40")
     assert world.status()["state"] == "Recovering"
     assert events.JOB_RECOVERED not in world.reasons()
-    # The replacement resumes from the checkpoint at step 30: that is no advance ...
+    # The replacement resumes from step 30 (no checkpoint in these reports): that is no advance ...
     at_step(world, 30)
     world.tick(3)
     world.reconcile()

@@ -154,3 +154,21 @@ def test_a_pod_being_deleted_does_not_hold_the_current_step_up() -> None:
     assert folded.progress is not None and folded.progress["currentStep"] == 101
     # Its report still counts for the highest step seen.
     assert folded.progress["step"] == 120
+
+
+def test_a_fallen_step_above_the_checkpoint_is_training_again() -> None:
+    """A restarted trainer reports a step once it completed it: above the checkpoint it resumed from,
+    the first report after a restart already shows training."""
+    at = START + timedelta(seconds=300)
+    status = {
+        "progress": {"step": 120, "currentStep": 120, "lastAdvanceTime": "2026-01-01T12:01:40Z"},
+        "lastCheckpoint": {"step": 100},
+    }
+    restored, trained = parse_report(report(100, at=300)), parse_report(report(103, at=300))
+    assert restored is not None and trained is not None
+    assert not fold_progress(status, [("new", restored)], {}, at).advanced
+    folded = fold_progress(status, [("new", trained)], {}, at)
+    assert folded.advanced and folded.progress is not None
+    assert (
+        folded.progress["currentStep"] == 103 and folded.progress["lastAdvanceTime"] == "2026-01-01T12:05:00Z"
+    )

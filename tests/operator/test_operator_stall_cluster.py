@@ -6,7 +6,8 @@ ends a recovery only when the replacement's training advances, not when its pod 
 The worker runs a stand-in for the trainer (direct launch mode, no torch): it writes progress reports
 where rtj-launch serves them, takes five steps (a save blocking 2 s, one in-process restart), then
 hangs at step 5 until the test drops a marker on the checkpoint volume. Its replacement waits
-`FIRST_STEP_DELAY` seconds before its first step, as a restarted trainer loading a checkpoint does.
+`FIRST_STEP_DELAY` seconds before its first step, as a restarted trainer loading a checkpoint does,
+and goes on from the checkpoint of step 4.
 A second test runs the real trainer (rtj-train under ft_launcher, torch on CPU) into an injected
 hang that outlasts every timeout of its own recovery layers.
 """
@@ -42,11 +43,12 @@ def report(step):
     body = {{"v": 1, "time": rfc(time.time()), "step": step, "stepTimeSeconds": 0.5,
             "restarts": {{"inProcess": 1 if first and step >= 3 else 0, "inJob": 0}},
             "checkpointBlockingSeconds": 2.0 if step >= 2 else 0.0, "usefulStepSeconds": step * 0.5,
+            "lastCheckpoint": {{"step": 4, "time": rfc(start)}} if step >= 4 else None,
             "trainStartTime": rfc(start)}}
     with open(out + ".tmp", "w") as f:
         f.write(json.dumps(body))
     os.replace(out + ".tmp", out)
-step = 1
+step = 5  # a replacement resumes after the checkpoint of step 4
 if first:
     for step in range(1, 6):
         report(step)
