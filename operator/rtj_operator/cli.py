@@ -1,6 +1,6 @@
 """The `rtj` command: a thin dispatcher to the product's subcommands and to plugged-in ones.
 
-The product's own subcommands (`render`, `crd`, `operator`) are modules of this package. Other
+The product's own subcommands (`render`, `crd`, `operator`, `status`) are modules of this package. Other
 distributions, or other packages of this one (the local cluster, the demo and the benchmarks), add
 subcommands through the entry-point group `rtj.commands` (pyproject.toml), each naming a module;
 this package imports nothing of them until one is run. Every subcommand module exposes
@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "render": ("rtj_operator.render_cli", "print the manifests the operator would create for a job"),
     "crd": ("rtj_operator.crd_cli", "print or write the CustomResourceDefinition generated from the API"),
     "operator": ("rtj_operator.main", "run the operator"),
+    "status": ("rtj_operator.status_cli", "print a job's status: state, step, conditions, checkpoint advice"),
 }
 
 

@@ -34,7 +34,11 @@ FAULT_IGNORED: Final = (
     "FaultIgnored"  # a failurePolicy Ignore rule matched: replaced, counted against nothing
 )
 JOB_SUCCEEDED: Final = "JobSucceeded"  # every worker pod succeeded
-JOB_RECOVERED: Final = "JobRecovered"  # every worker is ready again after a recovery
+# Every worker is ready again after a recovery and training advanced past the step it resumed from
+# (for a trainer that never reported progress: every worker is ready again).
+JOB_RECOVERED: Final = "JobRecovered"
+TRAINING_STALLED: Final = "TrainingStalled"  # every worker ready, no step for spec.progress.stallAfterSeconds
+TRAINING_RESUMED: Final = "TrainingResumed"  # a stalled job's training step advanced again
 INVALID_SPEC: Final = "InvalidSpec"  # the job's spec does not validate; nothing is done for it
 SUSPENDED: Final = "Suspended"  # spec.suspend became true: workers and spares deleted
 RESUMED: Final = "Resumed"  # spec.suspend became false: workers recreated
@@ -57,9 +61,13 @@ COND_FAILED: Final = "Failed"
 # QuotaExceeded), too few nodes could ever hold its workers (InsufficientNodes), or its FSx file
 # system is not allowed for its namespace (FileSystemNotAllowed).
 COND_BLOCKED: Final = "Blocked"
+# True while every worker is ready but the training step has not advanced for
+# spec.progress.stallAfterSeconds (decide.training).
+COND_STALLED: Final = "Stalled"
 CONDITION_TYPES: Final = (
     COND_READY,
     COND_RECOVERING,
+    COND_STALLED,
     COND_SUSPENDED,
     COND_SUCCEEDED,
     COND_FAILED,
@@ -77,3 +85,5 @@ REASON_NOT_SUSPENDED: Final = "NotSuspended"
 REASON_RUNNING: Final = "Running"
 REASON_FINISHED: Final = "Finished"
 REASON_NOT_BLOCKED: Final = "NotBlocked"
+REASON_NO_PROGRESS: Final = "NoProgress"  # Stalled=True: the step has not advanced
+REASON_NOT_STALLED: Final = "NotStalled"  # Stalled=False before any stall

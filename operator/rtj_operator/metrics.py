@@ -21,6 +21,7 @@ import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rtj_operator import events
 from rtj_operator.api import JobState
 
 RECONCILE_TOTAL = prometheus_client.Counter("rtj_reconcile_total", "Reconcile passes, by result.", ["result"])
@@ -72,12 +73,23 @@ class JobSeries:
     workers_ready: float | None = None
     workers_desired: float | None = None
     restarts: tuple[tuple[str, float], ...] = ()
+    stalled: float | None = None
+    last_recovery_seconds: float | None = None
+    advised_interval_steps: float | None = None
+    configured_interval_steps: float | None = None
 
     @classmethod
     def from_status(cls, status: Mapping[str, object], goodput_percent: float | None) -> JobSeries:
-        progress, checkpoint, workers, restarts = (
-            _dict(status.get(k)) for k in ("progress", "lastCheckpoint", "workers", "restarts")
+        progress, checkpoint, workers, restarts, recovery, advice = (
+            _dict(status.get(k))
+            for k in ("progress", "lastCheckpoint", "workers", "restarts", "lastRecovery", "checkpointAdvice")
         )
+        conditions = status.get("conditions")
+        stalled = [
+            c
+            for c in (conditions if isinstance(conditions, list) else [])
+            if _dict(c).get("type") == events.COND_STALLED
+        ]
         return cls(
             goodput_ratio=goodput_percent / 100.0 if goodput_percent is not None else None,
             step=_number(progress.get("step")),
@@ -92,6 +104,10 @@ class JobSeries:
                 for key, layer in _LAYERS.items()
                 if (value := _number(restarts.get(key))) is not None
             ),
+            stalled=float(_dict(stalled[0]).get("status") == "True") if stalled else None,
+            last_recovery_seconds=_number(recovery.get("durationSeconds")),
+            advised_interval_steps=_number(advice.get("recommendedIntervalSteps")),
+            configured_interval_steps=_number(advice.get("configuredIntervalSteps")),
         )
 
 
@@ -138,6 +154,26 @@ _JOB_GAUGES = (
     ),
     ("rtj_job_workers_ready", "Ready worker pods of the job.", "workers_ready"),
     ("rtj_job_workers_desired", "Worker pods the job asks for (spec.nodes).", "workers_desired"),
+    (
+        "rtj_job_stalled",
+        "1 while every worker of the job is ready but its training step does not advance (Stalled).",
+        "stalled",
+    ),
+    (
+        "rtj_job_last_recovery_seconds",
+        "Time from the job's newest counted fault to its first training step after it.",
+        "last_recovery_seconds",
+    ),
+    (
+        "rtj_job_checkpoint_advised_interval_steps",
+        "The checkpoint interval the job's save cost and fault rate advise (Young/Daly), in steps.",
+        "advised_interval_steps",
+    ),
+    (
+        "rtj_job_checkpoint_interval_steps",
+        "The job's configured checkpoint interval (spec.checkpoint.intervalSteps), in steps.",
+        "configured_interval_steps",
+    ),
 )
 _jobs: dict[tuple[str, str], JobSeries] = {}
 

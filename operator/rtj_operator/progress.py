@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -67,6 +67,8 @@ class ProgressReport:
     train_start_time: datetime | None
     finished: bool
     node_faults: NodeFaultReport | None = None
+    # How long the newest checkpoint save blocked training (0 or None before the first save).
+    checkpoint_blocking_seconds: float | None = None
 
 
 def _int(value: object, default: int = 0) -> int:
@@ -127,6 +129,7 @@ def parse_report(text: str | None) -> ProgressReport | None:
         train_start_time=parse_time(raw.get("trainStartTime")),
         finished=raw.get("finished") is True,
         node_faults=parse_node_faults(raw.get("nodeFaults")),
+        checkpoint_blocking_seconds=_float(raw.get("checkpointBlockingSeconds")),
     )
 
 
@@ -165,12 +168,23 @@ class FoldedProgress:
     in_process_restarts: int
     in_job_restarts: int
     offsets: dict[str, RestartOffset]
+    # Whether this fold saw training complete a step (`currentStep` increased), and the time of the
+    # report that showed it (the trainer's clock; None when the report has none).
+    advanced: bool = False
+    advance_report_time: datetime | None = None
+    # The most any current worker's newest save blocked training, None when no report has one.
+    save_cost_seconds: float | None = None
+    # Wall time from the job's first training start to the lead report, None without both times.
+    training_seconds: float | None = None
+    reported: bool = False  # whether any report was folded
 
 
 def fold_progress(
     status: Mapping[str, Any],
     reports: Sequence[tuple[str, ProgressReport]],
     offsets: Mapping[str, RestartOffset],
+    now: datetime | None = None,
+    leaving: Collection[str] = (),
 ) -> FoldedProgress:
     """Fold the current pods' reports (keyed by pod uid) into the status fields they feed.
 
@@ -183,7 +197,58 @@ def fold_progress(
       max(previous count, max over pods of offset + the pod's count): never decreasing, and counting
       restarts that happened after a replacement. A pod first seen by a freshly started operator
       (offsets are memory, the counts are status) gets the offset that makes it add nothing yet.
+    - currentStep and lastAdvanceTime (`track_advance`): the most advanced pod's step among those
+      not `leaving` (pods being deleted: their last report is not where training is now), which may
+      fall below `step` after a restart from a checkpoint; training advanced when it rose, at `now`
+      (the operator's clock, so that a trainer's skewed clock cannot fake or hide a stall).
     """
+    best_in_process, best_in_job, new_offsets = _fold_restarts(status, reports, offsets)
+    old_progress = status.get("progress")
+    progress: dict[str, Any] | None = dict(old_progress) if isinstance(old_progress, dict) else None
+    advanced, lead, current = False, _lead(reports), _lead([r for r in reports if r[0] not in leaving])
+    if lead is not None:
+        old = progress or {}
+        progress = _lead_progress(lead) if lead.step >= _int(old.get("step"), -1) else dict(old)
+        if current is not None:
+            checkpoint = _dict_or_empty(status.get("lastCheckpoint")).get("step")
+            saved = checkpoint if isinstance(checkpoint, int) and not isinstance(checkpoint, bool) else None
+            advanced = track_advance(progress, old, current.step, now or current.time, saved)
+    costs = [r.checkpoint_blocking_seconds for _, r in reports if r.checkpoint_blocking_seconds]
+    training = None
+    if lead is not None and lead.time is not None and lead.train_start_time is not None:
+        training = max(0.0, (lead.time - lead.train_start_time).total_seconds())
+    return FoldedProgress(
+        progress=progress,
+        last_checkpoint=_fold_checkpoint(status, reports),
+        in_process_restarts=best_in_process,
+        in_job_restarts=best_in_job,
+        offsets=new_offsets,
+        advanced=advanced,
+        advance_report_time=current.time if advanced and current is not None else None,
+        save_cost_seconds=max(costs) if costs else None,
+        training_seconds=training,
+        reported=bool(reports),
+    )
+
+
+def _dict_or_empty(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _lead(reports: Sequence[tuple[str, ProgressReport]]) -> ProgressReport | None:
+    """The most advanced pod's report; ties go to the newest report so the step time is fresh."""
+    if not reports:
+        return None
+    _, lead = max(reports, key=lambda item: (item[1].step, item[1].time or datetime.min.replace(tzinfo=UTC)))
+    return lead
+
+
+def _fold_restarts(
+    status: Mapping[str, Any],
+    reports: Sequence[tuple[str, ProgressReport]],
+    offsets: Mapping[str, RestartOffset],
+) -> tuple[int, int, dict[str, RestartOffset]]:
+    """(in-process restarts, in-job restarts, offsets by pod uid): see `fold_progress`."""
     old_restarts = status.get("restarts") or {}
     in_process_total = _int(old_restarts.get("inProcess"))
     in_job_total = _int(old_restarts.get("inJob"))
@@ -197,26 +262,26 @@ def fold_progress(
         new_offsets[uid] = offset
         best_in_process = max(best_in_process, offset.in_process + report.in_process_restarts)
         best_in_job = max(best_in_job, offset.in_job + report.in_job_restarts)
+    return best_in_process, best_in_job, new_offsets
 
-    old_progress = status.get("progress")
-    progress: dict[str, Any] | None = dict(old_progress) if isinstance(old_progress, dict) else None
-    if reports:
-        # The most advanced pod; ties go to the newest report so the step time is fresh.
-        _, lead = max(
-            reports,
-            key=lambda item: (item[1].step, item[1].time or datetime.min.replace(tzinfo=UTC)),
-        )
-        old_step = _int((progress or {}).get("step"), -1)
-        if lead.step >= old_step:
-            progress = {"step": lead.step}
-            if lead.step_time_seconds is not None:
-                progress["stepTimeSeconds"] = round(lead.step_time_seconds, 4)
-            goodput = goodput_percent(lead.useful_step_seconds, lead.train_start_time, lead.time)
-            if goodput is not None:
-                progress["goodputPercent"] = goodput
-            if lead.time is not None:
-                progress["updateTime"] = format_time(lead.time)
 
+def _lead_progress(lead: ProgressReport) -> dict[str, Any]:
+    """status.progress from the most advanced pod's report."""
+    progress: dict[str, Any] = {"step": lead.step}
+    if lead.step_time_seconds is not None:
+        progress["stepTimeSeconds"] = round(lead.step_time_seconds, 4)
+    goodput = goodput_percent(lead.useful_step_seconds, lead.train_start_time, lead.time)
+    if goodput is not None:
+        progress["goodputPercent"] = goodput
+    if lead.time is not None:
+        progress["updateTime"] = format_time(lead.time)
+    return progress
+
+
+def _fold_checkpoint(
+    status: Mapping[str, Any], reports: Sequence[tuple[str, ProgressReport]]
+) -> dict[str, Any] | None:
+    """The newest (highest step) committed checkpoint in any report or in status."""
     old_checkpoint = status.get("lastCheckpoint")
     checkpoint: dict[str, Any] | None = dict(old_checkpoint) if isinstance(old_checkpoint, dict) else None
     for _, report in reports:
@@ -226,11 +291,33 @@ def fold_progress(
             checkpoint = {"step": report.checkpoint_step}
             if report.checkpoint_time:
                 checkpoint["time"] = report.checkpoint_time
+    return checkpoint
 
-    return FoldedProgress(
-        progress=progress,
-        last_checkpoint=checkpoint,
-        in_process_restarts=best_in_process,
-        in_job_restarts=best_in_job,
-        offsets=new_offsets,
-    )
+
+def track_advance(
+    progress: dict[str, Any],
+    old: Mapping[str, Any],
+    step: int,
+    at: datetime | None,
+    checkpoint_step: int | None = None,
+) -> bool:
+    """Record the lead pod's `step` as `currentStep` in `progress`; True when training advanced.
+
+    Training advanced when the step rose above the previous `currentStep` (or, in a status without
+    one, above `step`; with neither, above 0: the first step). A step that fell (a restart resumed
+    from an older checkpoint) is an advance when it is above `checkpoint_step`, the newest committed
+    checkpoint before this report (a trainer reports a step once it completed it, so a restarted one
+    above its checkpoint has trained); otherwise it is only the new base, and the steps redone from
+    there are advances again. `lastAdvanceTime` moves to `at` on an advance and is otherwise kept.
+    """
+    previous = _int(old.get("currentStep"), -1)
+    if previous < 0:
+        previous = _int(old.get("step"), 0)
+    advanced = step > previous or (step < previous and checkpoint_step is not None and step > checkpoint_step)
+    progress["currentStep"] = step
+    last = old.get("lastAdvanceTime")
+    if advanced and at is not None:
+        progress["lastAdvanceTime"] = format_time(at)
+    elif isinstance(last, str):
+        progress["lastAdvanceTime"] = last
+    return advanced

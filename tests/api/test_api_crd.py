@@ -110,7 +110,12 @@ def test_names_subresources_and_printer_columns() -> None:
         "Checkpointed": ("date", ".status.lastCheckpoint.time"),
         "Goodput": ("number", ".status.progress.goodputPercent"),
         "Age": ("date", ".metadata.creationTimestamp"),
+        "Interval": ("integer", ".spec.checkpoint.intervalSteps"),
+        "Advised": ("integer", ".status.checkpointAdvice.recommendedIntervalSteps"),
     }
+    # The interval columns only with -o wide.
+    wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1}
+    assert wide == {"Interval", "Advised"}
     # Every printer column's path exists in the schema (a typo would print <none> forever).
     schema = openapi_schema()
     for _, path in columns.values():

@@ -127,7 +127,9 @@ def test_lifecycle_children_status_columns_and_deletion(kubeconfig: Path, tmp_pa
             columns = kubectl(kubeconfig, "-n", namespace, "get", "rtj", "life").splitlines()
             header, row = columns[0].split(), columns[1].split()
             assert header[:4] == ["NAME", "STATE", "NODES", "RESTARTS"]
-            assert row[:4] == ["life", "Running", "2/2", "0"]
+            # RESTARTS is 0 until the report's restarts (1 + 2) are folded, one endpoint read after
+            # the pods run: that read may come before this line on a warm cluster.
+            assert row[:3] == ["life", "Running", "2/2"] and row[3] in ("0", "3")
             assert events.CHILDREN_CREATED in event_reasons(kubeconfig, namespace, "life")
 
             # The pods' progress reports, read from their endpoints, reach status.

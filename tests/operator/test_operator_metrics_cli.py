@@ -56,6 +56,9 @@ def test_per_job_series_follow_status_and_go_with_the_job() -> None:
         "lastCheckpoint": {"step": 100, "time": "2026-01-01T12:01:00Z"},
         "workers": {"desired": 2, "ready": 1},
         "restarts": {"inProcess": 2, "inJob": 1, "podReplacement": 3, "total": 6},
+        "conditions": [{"type": "Stalled", "status": "True", "reason": "NoProgress"}],
+        "lastRecovery": {"reason": "NodeLost", "durationSeconds": 35.5},
+        "checkpointAdvice": {"configuredIntervalSteps": 100, "recommendedIntervalSteps": 523},
     }
     metrics.observe_pass(
         "ns",
@@ -75,6 +78,10 @@ def test_per_job_series_follow_status_and_go_with_the_job() -> None:
     assert sample("rtj_job_checkpoint_last_timestamp_seconds", labels) == 1767268860.0
     assert sample("rtj_job_progress_timestamp_seconds", labels) == 1767268900.0
     assert (sample("rtj_job_workers_ready", labels), sample("rtj_job_workers_desired", labels)) == (1, 2)
+    assert sample("rtj_job_stalled", labels) == 1
+    assert sample("rtj_job_last_recovery_seconds", labels) == 35.5
+    assert sample("rtj_job_checkpoint_advised_interval_steps", labels) == 523
+    assert sample("rtj_job_checkpoint_interval_steps", labels) == 100
     for layer, count in (("in_process", 2), ("in_job", 1), ("pod_replacement", 3)):
         assert sample("rtj_job_restarts_total", {**labels, "layer": layer}) == count
     metrics.forget_job("ns", "series-job")

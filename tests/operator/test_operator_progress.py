@@ -64,7 +64,11 @@ def test_fold_takes_the_lead_pod_and_newest_checkpoint() -> None:
         "stepTimeSeconds": 0.25,
         "goodputPercent": 50.0,
         "updateTime": "2026-01-01T12:01:40Z",
+        # The first step ever reported is an advance, at the lead report's time when no `now` is given.
+        "currentStep": 120,
+        "lastAdvanceTime": "2026-01-01T12:01:40Z",
     }
+    assert folded.advanced
     assert folded.last_checkpoint == {"step": 100, "time": "2026-01-01T12:01:00Z"}
     assert (folded.in_process_restarts, folded.in_job_restarts) == (2, 1)
 
@@ -108,3 +112,63 @@ def test_progress_reports_reach_status_through_reconcile() -> None:
     assert status["restarts"] == {"inProcess": 1, "inJob": 1, "podReplacement": 0, "total": 2}
     # Reports that do not change leave status alone: no write.
     assert not world.reconcile().status_changed
+
+
+def test_the_trainers_report_carries_what_stall_detection_and_the_advice_read() -> None:
+    from rtj_trainer.progress import Progress, progress_json
+
+    trainer = Progress(node_rank=0, train_start_time=1767268800.0, step=57)
+    trainer.step_time_seconds, trainer.checkpoint_blocking_seconds = 0.5, 1.25
+    parsed = parse_report(json.dumps(progress_json(trainer, 1767268900.0)))
+    assert parsed is not None
+    assert (parsed.step, parsed.step_time_seconds, parsed.checkpoint_blocking_seconds) == (57, 0.5, 1.25)
+    assert parsed.train_start_time is not None and parsed.time is not None
+    assert (parsed.time - parsed.train_start_time).total_seconds() == 100
+
+
+def test_a_step_that_falls_after_a_restart_is_the_new_base_not_an_advance() -> None:
+    at = START + timedelta(seconds=300)
+    status = {"progress": {"step": 120, "currentStep": 120, "lastAdvanceTime": "2026-01-01T12:01:40Z"}}
+    restored = parse_report(report(100, at=300))
+    assert restored is not None
+    folded = fold_progress(status, [("new", restored)], {}, at)
+    assert not folded.advanced
+    assert folded.progress is not None
+    # status.progress.step keeps the highest step seen; currentStep is where training is now.
+    assert (folded.progress["step"], folded.progress["currentStep"]) == (120, 100)
+    assert folded.progress["lastAdvanceTime"] == "2026-01-01T12:01:40Z"
+    redone = parse_report(report(101, at=301))
+    assert redone is not None
+    again = fold_progress({"progress": folded.progress}, [("new", redone)], {}, at)
+    assert again.advanced and again.progress is not None
+    assert again.progress["currentStep"] == 101
+    assert again.progress["lastAdvanceTime"] == "2026-01-01T12:05:00Z"
+
+
+def test_a_pod_being_deleted_does_not_hold_the_current_step_up() -> None:
+    at = START + timedelta(seconds=300)
+    status = {"progress": {"step": 120, "currentStep": 120}}
+    stale, fresh = parse_report(report(120, at=200)), parse_report(report(101, at=300))
+    assert stale is not None and fresh is not None
+    folded = fold_progress(status, [("old", stale), ("new", fresh)], {}, at, leaving={"old"})
+    assert folded.progress is not None and folded.progress["currentStep"] == 101
+    # Its report still counts for the highest step seen.
+    assert folded.progress["step"] == 120
+
+
+def test_a_fallen_step_above_the_checkpoint_is_training_again() -> None:
+    """A restarted trainer reports a step once it completed it: above the checkpoint it resumed from,
+    the first report after a restart already shows training."""
+    at = START + timedelta(seconds=300)
+    status = {
+        "progress": {"step": 120, "currentStep": 120, "lastAdvanceTime": "2026-01-01T12:01:40Z"},
+        "lastCheckpoint": {"step": 100},
+    }
+    restored, trained = parse_report(report(100, at=300)), parse_report(report(103, at=300))
+    assert restored is not None and trained is not None
+    assert not fold_progress(status, [("new", restored)], {}, at).advanced
+    folded = fold_progress(status, [("new", trained)], {}, at)
+    assert folded.advanced and folded.progress is not None
+    assert (
+        folded.progress["currentStep"] == 103 and folded.progress["lastAdvanceTime"] == "2026-01-01T12:05:00Z"
+    )

@@ -110,6 +110,12 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "Goodput", "type": "number", "jsonPath": ".status.progress.goodputPercent",
          "description": "Useful step time over wall time, in percent."},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        # -o wide: the checkpoint interval beside the one the measured costs advise.
+        {"name": "Interval", "type": "integer", "jsonPath": ".spec.checkpoint.intervalSteps", "priority": 1,
+         "description": "The configured checkpoint interval, in steps."},
+        {"name": "Advised", "type": "integer", "priority": 1,
+         "jsonPath": ".status.checkpointAdvice.recommendedIntervalSteps",
+         "description": "The checkpoint interval the save cost and fault rate advise, in steps."},
     ]  # fmt: skip
 
 

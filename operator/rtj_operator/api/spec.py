@@ -779,6 +779,29 @@ class FailurePolicy(ApiModel):
     )
 
 
+# A stall is reported after this long without a training step by default: longer than a checkpoint
+# load and a restart of a large job take, far shorter than a lost night.
+DEFAULT_STALL_AFTER_SECONDS: int = 600
+MAX_STALL_AFTER_SECONDS: int = 7 * 86400
+
+
+class ProgressSpec(ApiModel):
+    """How the operator judges the training progress its workers report."""
+
+    stall_after_seconds: Int32 = Field(
+        default=DEFAULT_STALL_AFTER_SECONDS,
+        ge=1,
+        le=MAX_STALL_AFTER_SECONDS,
+        description=(
+            "stallAfterSeconds is how long every worker may be ready while the training step does not "
+            "advance before the job is reported Stalled (a condition and a Warning Event; nothing is "
+            "restarted). It counts from the step's last advance or from when the workers last all became "
+            "ready, whichever is later, so a restart the operator makes is not a stall until its workers "
+            f"are ready. Optional; default: {DEFAULT_STALL_AFTER_SECONDS}; 1 to {MAX_STALL_AFTER_SECONDS}."
+        ),
+    )
+
+
 def _immutable_when_set(field: str) -> CelRule:
     """Immutability of an optional field without a default: adding or removing it is a change too."""
     return CelRule(
@@ -970,6 +993,10 @@ class ResilientTrainingJobSpec(ApiModel):
     failure_policy: FailurePolicy = Field(
         default_factory=FailurePolicy,
         description="failurePolicy configures pod replacement, node exclusion and budgets. Optional.",
+    )
+    progress: ProgressSpec = Field(
+        default_factory=ProgressSpec,
+        description="progress configures how the training progress is judged (stall detection). Optional.",
     )
     suspend: Flag = Field(
         default=False,

@@ -24,6 +24,7 @@ class JobState(enum.StrEnum):
 
     PENDING = "Pending"
     RUNNING = "Running"
+    STALLED = "Stalled"
     RECOVERING = "Recovering"
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
@@ -55,7 +56,9 @@ class ConditionStatus(enum.StrEnum):
 class Condition(StatusModel):
     """A Kubernetes-style condition."""
 
-    type: str = Field(description="type is Ready, Recovering, Suspended, Succeeded, Failed or Blocked.")
+    type: str = Field(
+        description="type is Ready, Recovering, Stalled, Suspended, Succeeded, Failed or Blocked."
+    )
     status: ConditionStatus = Field(description="status is True, False or Unknown.")
     reason: str | None = Field(
         default=None, description="reason is a CamelCase word for the last transition."
@@ -185,6 +188,74 @@ class ProgressStatus(StatusModel):
     update_time: DateTime | None = Field(
         default=None, description="updateTime is when progress was last reported."
     )
+    current_step: Int64 | None = Field(
+        default=None,
+        description="currentStep is the step the job's current workers have reached (the most advanced "
+        "one's report); below step while a restarted job redoes the steps since the checkpoint it "
+        "resumed from.",
+    )
+    last_advance_time: DateTime | None = Field(
+        default=None,
+        description="lastAdvanceTime is when the operator first saw currentStep increase: when training "
+        "last completed a step.",
+    )
+
+
+class RecoveryStatus(StatusModel):
+    """The newest recovery the operator made, from the fault to the first step after it."""
+
+    reason: str | None = Field(
+        default=None, description="reason is the fault's reason (NodeLost, WorkerFailed, WorkerDisrupted)."
+    )
+    fault_time: DateTime | None = Field(
+        default=None, description="faultTime is when the operator counted the fault and began recovering."
+    )
+    resume_time: DateTime | None = Field(
+        default=None,
+        description="resumeTime is when training advanced again after the fault (every worker ready and "
+        "the step advanced), or, for a trainer that reports no progress, when every worker was ready.",
+    )
+    duration_seconds: float | None = Field(
+        default=None, description="durationSeconds is resumeTime - faultTime."
+    )
+    step: Int64 | None = Field(
+        default=None, description="step is the step training had reached at resumeTime."
+    )
+
+
+class CheckpointAdviceStatus(StatusModel):
+    """The checkpoint interval the measured costs advise (Young/Daly), beside the configured one."""
+
+    save_cost_seconds: float | None = Field(
+        default=None,
+        description="saveCostSeconds is how long the newest checkpoint save blocked training (the most "
+        "of any worker's report): what one checkpoint costs the job. Async saves block little.",
+    )
+    faults: Count | None = Field(
+        default=None, description="faults is the number of faults counted: status.restarts.total."
+    )
+    mean_time_between_faults_seconds: float | None = Field(
+        default=None,
+        description="meanTimeBetweenFaultsSeconds is the training wall time (since the job's training "
+        "first started) divided by faults; absent before the first fault.",
+    )
+    recommended_interval_seconds: float | None = Field(
+        default=None,
+        description="recommendedIntervalSeconds is Daly's optimum of the compute time between two "
+        "checkpoints, sqrt(2CM)(1 + sqrt(C/2M)/3 + C/18M) - C for save cost C < 2M (else M), with M the "
+        "mean time between faults.",
+    )
+    recommended_interval_steps: Int64 | None = Field(
+        default=None,
+        description="recommendedIntervalSteps is recommendedIntervalSeconds in steps of "
+        "progress.stepTimeSeconds (at least 1).",
+    )
+    configured_interval_steps: Int64 | None = Field(
+        default=None, description="configuredIntervalSteps is spec.checkpoint.intervalSteps."
+    )
+    message: str | None = Field(
+        default=None, description="message says why no interval is advised yet, when none is."
+    )
 
 
 class ResilientTrainingJobStatus(StatusModel):
@@ -195,15 +266,15 @@ class ResilientTrainingJobStatus(StatusModel):
     )
     state: JobState | None = Field(
         default=None,
-        description="state is Pending, Running, Recovering, Suspended, Succeeded or Failed, derived from the "
-        "conditions for kubectl.",
+        description="state is Pending, Running, Stalled, Recovering, Suspended, Succeeded or Failed, derived "
+        "from the conditions for kubectl.",
     )
     conditions: Annotated[
         list[Condition],
         SchemaExtra({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
     ] = Field(
         default_factory=list,
-        description="conditions are Ready, Recovering, Suspended, Succeeded, Failed, Blocked.",
+        description="conditions are Ready, Recovering, Stalled, Suspended, Succeeded, Failed, Blocked.",
     )
     start_time: DateTime | None = Field(
         default=None, description="startTime is when the job's pods were first created."
@@ -235,3 +306,11 @@ class ResilientTrainingJobStatus(StatusModel):
         default=None, description="lastCheckpoint is the newest complete checkpoint."
     )
     progress: ProgressStatus | None = Field(default=None, description="progress is the training progress.")
+    last_recovery: RecoveryStatus | None = Field(
+        default=None, description="lastRecovery is the newest recovery from a fault, once it has ended."
+    )
+    checkpoint_advice: CheckpointAdviceStatus | None = Field(
+        default=None,
+        description="checkpointAdvice is the checkpoint interval the measured save cost and fault rate "
+        "advise.",
+    )

@@ -30,6 +30,8 @@ The modules, in reading order:
 - `filesystems`: no create for a job whose FSx file system is not allowed for its namespace.
 - `admission`: children the API server refused; creates held until the spec changes or a recheck.
 - `capacity`: whether enough nodes could ever hold a worker; no pod is created until they do.
+- `training`: whether training advances: `Stalled`, and a recovery that ends with the first step.
+- `checkpoint_advice`: the checkpoint interval the measured save cost and fault rate advise.
 - `conditions`: conditions and the state derived from them.
 - `milestones`: the once-per-job Events, posted under names of their own and re-posted after a
   restart when status says they are due (an Event a crash lost comes back).

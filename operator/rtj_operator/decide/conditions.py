@@ -67,6 +67,8 @@ _STATE_BY_CONDITION = (
     (events.COND_FAILED, JobState.FAILED),
     (events.COND_SUCCEEDED, JobState.SUCCEEDED),
     (events.COND_SUSPENDED, JobState.SUSPENDED),
+    # A recovery that does not resume training within the stall time reads Stalled: stuck, not healing.
+    (events.COND_STALLED, JobState.STALLED),
     (events.COND_RECOVERING, JobState.RECOVERING),
     (events.COND_READY, JobState.RUNNING),
 )

@@ -3,8 +3,8 @@
 - `resume`: `spec.suspend` false again (or never set): the Suspended condition is cleared and the
   suspended entries are created again.
 - `remove_surplus`: pods and entries beyond `spec.nodes` / `spec.hotSpares` go.
-- `update_running_conditions`: Ready and Recovering from the workers' counts; Succeeded once every
-  worker succeeded (the spares then go).
+- `update_running_conditions`: Ready from the workers' counts, Recovering until training advances
+  again after a fault (`decide.training`); Succeeded once every worker succeeded (the spares then go).
 - `suspend`: every pod goes, the storage stays, entries read `Suspended`.
 - `keep_finished`: a finished job keeps its succeeded pods (a failed one keeps none) and is deleted
   `ttlSecondsAfterFinished` after it finished.
@@ -21,7 +21,7 @@ from typing import Any
 from rtj_operator import constants, events, render
 from rtj_operator.api import EntryState
 from rtj_operator.decide import conditions as cond
-from rtj_operator.decide import milestones
+from rtj_operator.decide import milestones, training
 from rtj_operator.decide.actions import Action, CreateObject, DeleteJob, DeleteObject, Event, TaintNode
 from rtj_operator.decide.state import SPARE, STORE, STORE_KEY, WORKER, PassState
 from rtj_operator.observe import JobView
@@ -81,9 +81,11 @@ def update_running_conditions(run: PassState) -> None:
             events.COND_READY, True, events.REASON_ALL_WORKERS_READY, f"{ready}/{nodes} workers ready"
         )
         if cond.condition_true(run.conditions, events.COND_RECOVERING):
-            run.event(events.NORMAL, events.JOB_RECOVERED, f"all {nodes} workers are ready again")
-            run.condition(events.COND_RECOVERING, False, events.JOB_RECOVERED, "all workers are ready again")
-            return
+            # Ready pods are not training: the recovery ends when the step advances (decide.training).
+            if training.recovery_ended(run):
+                training.end_recovery(run)
+                return
+            training.await_progress(run)
     else:
         run.condition(events.COND_READY, False, events.REASON_WORKERS_NOT_READY, _not_ready_message(run))
     if not cond.condition_set(run.conditions, events.COND_RECOVERING):

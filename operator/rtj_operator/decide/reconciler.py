@@ -10,8 +10,11 @@ Read top to bottom, it is the operator's design (docs/architecture.md, "The oper
    unless the job's FSx file system is not allowed for its namespace (`filesystems`), the API
    server refused one of the job's children for this spec (`admission`) or too few nodes could
    ever hold a worker (`capacity`).
-4. Set Ready/Recovering/Succeeded (`lifecycle`), assert the base children before any new pod, fold
-   the trainers' progress reports, and write it all as the next status.
+4. Set Ready/Recovering/Succeeded (`lifecycle`; a recovery ends when training advances again,
+   `training`), judge whether training stalled (`training`), assert the base children before any new
+   pod, advise a checkpoint interval (`checkpoint_advice`), and write it all as the next status.
+
+The trainers' progress reports are folded first, so that every policy sees this pass's step.
 
 Pure: the caller (`rtj_operator.runtime.passes`) writes `Plan.status` first, then applies the actions.
 """
@@ -20,11 +23,20 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from rtj_operator.decide import admission, capacity, failures, filesystems, lifecycle, placement
+from rtj_operator.decide import (
+    admission,
+    capacity,
+    checkpoint_advice,
+    failures,
+    filesystems,
+    lifecycle,
+    placement,
+    training,
+)
 from rtj_operator.decide.actions import Plan
 from rtj_operator.decide.state import PassState
 from rtj_operator.observe import JobView, Observed
-from rtj_operator.progress import RestartOffset, fold_progress
+from rtj_operator.progress import fold_progress
 
 # The shortest requeue the plan asks for (seconds): moments already past are looked at again soon.
 MIN_REQUEUE_SECONDS = 0.5
@@ -33,6 +45,7 @@ MIN_REQUEUE_SECONDS = 0.5
 def reconcile(job: JobView, observed: Observed, now: datetime) -> Plan:
     """Decide, from the job and what is observed of it at `now`, the next status and actions."""
     run = PassState.begin(job, observed, now)
+    _fold_progress(run)
     if lifecycle.finished(run):
         lifecycle.keep_finished(run)
     elif job.suspend:
@@ -40,6 +53,7 @@ def reconcile(job: JobView, observed: Observed, now: datetime) -> Plan:
         filesystems.hold_disallowed(run)
     else:
         _run_active(run)
+    training.watch_stall(run)
     lifecycle.ensure_base(run)
     return _plan(run)
 
@@ -63,7 +77,7 @@ def _run_active(run: PassState) -> None:
     lifecycle.update_running_conditions(run)
 
 
-def _fold_progress(run: PassState) -> dict[str, RestartOffset]:
+def _fold_progress(run: PassState) -> None:
     """Fold the pods' progress reports (workers', and under the Supervisor launcher the hot
     spares' whose ranks took over) into restarts, progress and lastCheckpoint."""
     reports = [(p.uid, p.report) for _, p in sorted(run.pods.items()) if p.report is not None]
@@ -72,17 +86,38 @@ def _fold_progress(run: PassState) -> dict[str, RestartOffset]:
         "progress": run.progress,
         "lastCheckpoint": run.last_checkpoint,
     }
-    folded = fold_progress(previous, reports, run.observed.offsets)
-    run.note_reported_faults()
+    leaving = {p.uid for p in run.pods.values() if p.deleting}
+    folded = fold_progress(previous, reports, run.observed.offsets, run.now, leaving)
+    run.folded = folded
     run.restarts.in_process = folded.in_process_restarts
     run.restarts.in_job = folded.in_job_restarts
     run.progress = folded.progress
     run.last_checkpoint = folded.last_checkpoint
-    return folded.offsets
+
+
+def _advise_checkpoints(run: PassState) -> None:
+    """status.checkpointAdvice from this pass's reports (none: it stays as it was, so an idle job is not
+    rewritten). The save cost is kept from status until a report measures a newer one."""
+    if run.folded is None or not run.folded.reported:
+        return
+    cost = run.folded.save_cost_seconds
+    if cost is None:
+        kept = (run.checkpoint_advice or {}).get("saveCostSeconds")
+        cost = float(kept) if isinstance(kept, int | float) and not isinstance(kept, bool) else None
+    step_seconds = (run.progress or {}).get("stepTimeSeconds")
+    run.checkpoint_advice = checkpoint_advice.advise(
+        save_cost_seconds=cost,
+        faults=run.restarts.to_status()["total"],
+        training_seconds=run.folded.training_seconds,
+        step_seconds=float(step_seconds) if isinstance(step_seconds, int | float) else None,
+        configured_steps=run.job.model.spec.checkpoint.interval_steps,
+    )
 
 
 def _plan(run: PassState) -> Plan:
-    offsets = _fold_progress(run)
+    run.note_reported_faults()
+    _advise_checkpoints(run)
+    offsets = run.folded.offsets if run.folded is not None else {}
     status = run.to_status()
     requeue = None
     if run.requeue is not None:

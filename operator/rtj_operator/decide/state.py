@@ -20,6 +20,7 @@ from rtj_operator.api import EntryState
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import FORCE, GRACEFUL_DELETE_SECONDS, Action, DeletePod, Event
 from rtj_operator.observe import JobView, NodeProblem, Observed, PodState, node_health_problem, node_problem
+from rtj_operator.progress import FoldedProgress
 
 WORKER, SPARE, STORE = constants.ROLE_WORKER, constants.ROLE_SPARE, constants.ROLE_STORE
 # The store pod's key (faultTolerance.launcher Supervisor): one per job.
@@ -204,6 +205,8 @@ class PassState:
     completion_time: str | None
     progress: dict[str, Any] | None  # folded from the pods' reports (progress.fold_progress)
     last_checkpoint: dict[str, Any] | None
+    last_recovery: dict[str, Any] | None  # the newest ended recovery (decide.training)
+    checkpoint_advice: dict[str, Any] | None  # the advised checkpoint interval (decide.checkpoint_advice)
     # The job's pods by (role, index); pods with an index beyond spec (`stray`) are only removed.
     pods: dict[EntryKey, PodState]
     stray: list[PodState]
@@ -218,6 +221,8 @@ class PassState:
     holding: bool = False  # creates held back after the API server refused a child (decide.admission)
     faulted_nodes: set[str] = field(default_factory=set)  # a node's fault counts once per pass
     spares_taken: set[int] = field(default_factory=set)  # spares given up for replacements
+    # What the fold of the workers' progress reports found this pass (reconciler._fold_progress).
+    folded: FoldedProgress | None = None
 
     @classmethod
     def begin(cls, job: JobView, observed: Observed, now: datetime) -> PassState:
@@ -268,6 +273,8 @@ class PassState:
             completion_time=old.get("completionTime"),
             progress=_dict_or_none(old.get("progress")),
             last_checkpoint=_dict_or_none(old.get("lastCheckpoint")),
+            last_recovery=_dict_or_none(old.get("lastRecovery")),
+            checkpoint_advice=_dict_or_none(old.get("checkpointAdvice")),
             pods=pods,
             stray=stray,
         )
@@ -416,6 +423,8 @@ class PassState:
             ("completionTime", self.completion_time),
             ("progress", self.progress),
             ("lastCheckpoint", self.last_checkpoint),
+            ("lastRecovery", self.last_recovery),
+            ("checkpointAdvice", self.checkpoint_advice),
         ):
             if value:
                 status[key] = value
