@@ -297,6 +297,7 @@ def _run_json(
         "in_process": mode.in_process,
         "max_in_job_restarts": mode.max_in_job_restarts,
         "spec_patch": dict(mode.spec_patch),
+        "manifests": result.manifests,
         "state": result.state,
         "message": result.message,
         "restarts": result.status.get("restarts"),

@@ -113,6 +113,7 @@ class JobResult:
     events: list[dict[str, Any]]
     finished: bool
     message: str = ""
+    manifests: list[dict[str, Any]] = field(default_factory=list)  # what was submitted
 
 
 def free_port() -> int:
@@ -489,6 +490,7 @@ class JobDriver(Protocol):
 
     name: str
     label_selector: str  # selects the job's pods
+    objects: list[dict[str, Any]]  # what `submit` created
 
     def submit(self, manifest: Mapping[str, Any]) -> list[str]:
         """Create the job from the ResilientTrainingJob manifest `build_job` made; returns notes for
@@ -523,8 +525,10 @@ class OperatorJob:
         self.stack = stack
         self.name = name
         self.label_selector = f"{LABEL_JOB}={name}"
+        self.objects: list[dict[str, Any]] = []
 
     def submit(self, manifest: Mapping[str, Any]) -> list[str]:
+        self.objects = [dict(manifest)]
         stored = self.stack.custom.create_namespaced_custom_object(
             GROUP, VERSION, NAMESPACE, PLURAL, dict(manifest)
         )
@@ -632,7 +636,7 @@ def run_job(
     timeline.faults = align_fault_times(timeline.steps, timeline.faults + injected)
     timeline.faults.sort(key=lambda f: f.time)
     timeline.recoveries.sort(key=lambda r: r.time)
-    return JobResult(settings.name, state, timeline, status, events, finished, message)
+    return JobResult(settings.name, state, timeline, status, events, finished, message, job.objects)
 
 
 def _newest_record(volume: Path | None, name: str) -> dict[str, Any]:

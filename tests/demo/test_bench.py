@@ -190,3 +190,17 @@ def test_dropped_fields_names_what_the_api_server_pruned() -> None:
     stored = {"hotSpares": 2, "faultTolerance": {"maxInJobRestarts": 3}}
     assert dropped_fields(sent, stored, "spec") == ["spec.faultTolerance.launcher"]
     assert dropped_fields(sent, sent) == []
+
+
+def test_a_runs_json_keeps_the_summary_the_report_the_timeline_and_what_was_submitted() -> None:
+    mode, result, report = _run("kubernetes-only")
+    result.manifests = [{"kind": "Job", "metadata": {"name": "b"}}]
+    result.timeline.recoveries.append(RecoveryRecord(16.5, "job-controller"))
+    row = bench.summary_row(mode, result, report, PLAN)
+    data = json.loads(json.dumps(bench._run_json(mode, result, report, row)))
+    assert data["mode"] == "kubernetes-only" and data["runner"] == "indexed-job"
+    assert data["summary"]["goodput_from_first_step"] == pytest.approx(report.goodput_from_first_step)
+    assert data["report"]["startup_seconds"] == pytest.approx(4.0)
+    assert len(data["timeline"]["steps"]) == len(result.timeline.steps)
+    assert data["manifests"] == [{"kind": "Job", "metadata": {"name": "b"}}]
+    assert data["pods_recreated_by_job_controller"] == 1

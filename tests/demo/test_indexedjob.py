@@ -159,6 +159,12 @@ def test_kubernetes_only_run_is_recovered_by_the_job_controller(
         leftovers = processes.reap(run_id)
     assert result.finished, f"{result.state}: {result.message}; notes: {notes}"
     assert not leftovers, processes.describe(leftovers)
+    assert [m["kind"] for m in result.manifests] == [
+        "ServiceAccount",
+        "PersistentVolumeClaim",
+        "Service",
+        "Job",
+    ]
     # The pods are the Job's, and the Job controller made more of them than the two indexes.
     assert owners == {("Job", settings.name)}
     creations = [e for e in result.events if e.get("reason") == "SuccessfulCreate"]
