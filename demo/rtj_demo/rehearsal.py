@@ -8,6 +8,9 @@ trainer cannot inject itself (a lost node), follows the job until it finishes, a
 timeline (`timeline.Timeline`) from the trainer's records, the operator's Events and its own record
 of what it injected. Nothing is simulated beyond the cluster itself: the training is real FSDP on
 gloo under real ft_launcher and inprocess.Wrapper, with real async checkpoints on a volume.
+A `JobDriver` says what kind of job runs the training: `OperatorJob` (the ResilientTrainingJob, the
+default) or `rtj_demo.indexedjob.IndexedJob` (the same training as a plain Kubernetes Job, with a
+stack started without the operator where no run needs it).
 
 The operator runs as a subprocess rather than in-process: that is how users run it, it keeps
 kopf's event loop and signal handling out of the demo's process, and a crash of either side is
