@@ -1,16 +1,24 @@
 """`rtj bench goodput` and `rtj bench checkpoint`: the project's claims, measured side by side in one run.
 
 `goodput` runs the same job with the same faults under each recovery mode, one after the other on
-one local cluster with one operator (`rehearsal.Stack`), and compares seconds per fault and goodput:
+one local cluster (`rehearsal.Stack`), and compares seconds per fault, steps lost and goodput:
 
-- `plain-restart`: what Kubernetes alone gives: in-process restart off, ft_launcher allowed no
-  restarts, so any fault fails a pod and the operator restarts the whole job from the last checkpoint;
+- `full`: every layer the project has, as the goodput targets assume: the `Supervisor` launcher (one
+  fixed in-process world, two hot spare nodes whose ranks take over a lost rank, the world's stores
+  in a store pod), in-process restart, a memory copy of the state every step, async checkpoints;
+- `kubernetes-only`: no operator at all: the same training as a hand-rolled batch/v1 Indexed Job
+  (`indexedjob`), every fault recovered by Kubernetes' Job controller, a lost node by the cloud node
+  lifecycle controller and pod GC;
+- `plain-restart`: in-process restart off, ft_launcher allowed no restarts, so any fault fails a pod
+  and the operator restarts the whole job from the last checkpoint;
 - `ft-launcher`: in-process off; ft_launcher restarts the workers of every pod (in-job restart);
-- `in-process+ft`: every layer on (the default); with `Async` and with `Sync` checkpoints.
+- `in-process+ft`: in-process restart and ft_launcher (the defaults); with `Async` and with `Sync`
+  checkpoints.
 
-Every mode is a real run on the local cluster (pods as processes, the operator replacing lost
-nodes); nothing is replayed or modelled. `checkpoint` is `ckptbench`. Results go to
-`bench/results/` as JSON, with a plot.
+Every mode is a real run on the local cluster (pods as processes, the real control plane); nothing
+is replayed or modelled. Goodput is reported from the first training step and from submission, with
+the start-up apart (`report`). `checkpoint` is `ckptbench`. Results go to `bench/results/` as JSON,
+with a plot.
 """
 
 from __future__ import annotations
@@ -19,11 +27,12 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtj_demo import ckptbench, processes
+from rtj_demo import ckptbench, indexedjob, processes
 from rtj_demo.plot import plot_runs
 from rtj_demo.rehearsal import (
     REPO_ROOT,
@@ -32,10 +41,27 @@ from rtj_demo.rehearsal import (
     MissingComponentError,
     PlannedFault,
     Stack,
+    load_example,
     mid_interval,
     run_job,
 )
-from rtj_demo.report import RunReport
+from rtj_demo.report import LAYER_JOB_CONTROLLER, FaultReport, RunReport
+
+# Who runs a mode's job: the operator (a ResilientTrainingJob) or Kubernetes alone (an Indexed Job).
+RUNNER_OPERATOR = "operator"
+RUNNER_INDEXED_JOB = "indexed-job"
+
+# The `full` mode's spec, as a merge patch over the example job (`rehearsal.merge_patch`): the
+# Supervisor launcher with two hot spares, in-process restart, a memory copy of the state every
+# step and async checkpoints. An API server whose schema lacks a field drops it (the run says which).
+FULL_SPEC_PATCH: dict[str, Any] = {
+    "hotSpares": 2,
+    "faultTolerance": {"launcher": "Supervisor", "inProcess": {"enabled": True}},
+    "checkpoint": {"mode": "Async", "memoryIntervalSteps": 1},
+}
+SUPERVISOR_LAUNCHER = "Supervisor"
+# The pods of a Supervisor job beside its workers and spares: the store pod.
+SUPERVISOR_STORE_PODS = 1
 
 
 @dataclass(frozen=True)
@@ -44,13 +70,26 @@ class Mode:
     in_process: bool
     max_in_job_restarts: int
     checkpoint_mode: str = "Async"
+    runner: str = RUNNER_OPERATOR
+    spec_patch: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
         return f"{self.name} ({self.checkpoint_mode.lower()})"
 
+    def pods(self, job_nodes: int) -> int:
+        """How many pods the mode's job runs at once, each on a node of its own."""
+        hot_spares = int(self.spec_patch.get("hotSpares") or 0)
+        ft = self.spec_patch.get("faultTolerance") or {}
+        store = SUPERVISOR_STORE_PODS if ft.get("launcher") == SUPERVISOR_LAUNCHER else 0
+        return job_nodes + hot_spares + store
+
 
 MODES = {
+    "full": Mode("full", in_process=True, max_in_job_restarts=20, spec_patch=FULL_SPEC_PATCH),
+    "kubernetes-only": Mode(
+        "kubernetes-only", in_process=False, max_in_job_restarts=0, runner=RUNNER_INDEXED_JOB
+    ),
     "plain-restart": Mode("plain-restart", in_process=False, max_in_job_restarts=0),
     "ft-launcher": Mode("ft-launcher", in_process=False, max_in_job_restarts=20),
     "in-process+ft": Mode("in-process+ft", in_process=True, max_in_job_restarts=20),
@@ -58,7 +97,14 @@ MODES = {
         "in-process+ft", in_process=True, max_in_job_restarts=20, checkpoint_mode="Sync"
     ),
 }
-DEFAULT_MODES = ("plain-restart", "ft-launcher", "in-process+ft", "in-process+ft-sync")
+DEFAULT_MODES = (
+    "full",
+    "kubernetes-only",
+    "plain-restart",
+    "ft-launcher",
+    "in-process+ft",
+    "in-process+ft-sync",
+)
 
 
 def checkpoint_interval(steps: int) -> int:
@@ -77,33 +123,190 @@ def goodput_plan(steps: int) -> list[PlannedFault]:
     ]
 
 
+def cluster_nodes(modes: Sequence[Mode], plan: Sequence[PlannedFault], job_nodes: int) -> int:
+    """Nodes for running `modes` one after the other: every node loss takes a node for good, so the
+    i-th run finds the losses of the runs before it gone, and needs a node per pod of its job plus
+    one to replace each node it loses; one more node is slack (a pod still leaving a node)."""
+    losses = sum(1 for f in plan if f.kind == "node-loss")
+    needed = max((i * losses + m.pods(job_nodes) + losses for i, m in enumerate(modes)), default=0)
+    return needed + 1
+
+
+def run_timeout(mode: Mode, plan: Sequence[PlannedFault], job_nodes: int, base: float) -> float:
+    """`base`, plus for Kubernetes alone the longest its back-off and pod GC may add."""
+    if mode.runner != RUNNER_INDEXED_JOB:
+        return base
+    losses = sum(1 for f in plan if f.kind == "node-loss")
+    return base + indexedjob.backoff_allowance_seconds(len(plan), job_nodes, losses)
+
+
 def _results_dir() -> Path:
     return REPO_ROOT / "bench" / "results"
 
 
-def goodput_table(rows: list[tuple[Mode, JobResult, RunReport | None]]) -> str:
-    kinds = [f.kind for f in rows[0][2].faults] if rows and rows[0][2] else []
-    header = (
-        f"{'mode':<28}" + "".join(f"{k:>11}" for k in kinds) + f"{'s/fault':>9}{'goodput':>9}{'wall s':>8}"
-    )
-    lines = [header, "-" * len(header)]
-    for mode, result, report in rows:
-        if report is None:
-            lines.append(f"{mode.label:<28} no steps recorded ({result.state}: {result.message})")
+def _match_faults(plan: Sequence[PlannedFault], faults: Sequence[FaultReport]) -> list[FaultReport | None]:
+    """The report's fault for each planned fault: the first not yet taken of the same kind, in time
+    order (None: it did not fire, or the run ended first)."""
+    free = sorted(faults, key=lambda f: f.time)
+    matched: list[FaultReport | None] = []
+    for planned in plan:
+        found = next((f for f in free if f.kind == planned.kind), None)
+        if found is not None:
+            free.remove(found)
+        matched.append(found)
+    return matched
+
+
+def summary_row(
+    mode: Mode, result: JobResult, report: RunReport | None, plan: Sequence[PlannedFault]
+) -> dict[str, Any]:
+    """One mode's figures side by side: per planned fault the recovery seconds, the layer and the steps
+    lost; then seconds per fault, steps lost, goodput from the first step and from submission, and
+    the start-up (pure: the table and the JSON results are made from it)."""
+    row: dict[str, Any] = {"mode": mode.label, "state": result.state, "finished": result.finished}
+    if report is None:
+        return row | {"message": result.message, "faults": []}
+    row["faults"] = [
+        {
+            "kind": planned.kind,
+            "step": planned.step,
+            "recovery_seconds": None if fault is None else fault.recovery_seconds,
+            "recovered_by": None if fault is None else fault.recovered_by,
+            "steps_lost": None if fault is None else fault.steps_lost,
+        }
+        for planned, fault in zip(plan, _match_faults(plan, report.faults), strict=True)
+    ]
+    return row | {
+        "seconds_per_fault": report.seconds_per_fault,
+        "steps_lost": report.steps_lost,
+        "goodput_from_first_step": report.goodput_from_first_step,
+        "goodput_from_submission": report.goodput_from_submission,
+        "startup_seconds": report.startup_seconds,
+        "useful_seconds": report.useful_seconds,
+        "wall_from_first_step_seconds": report.wall_from_first_step_seconds,
+        "wall_from_submission_seconds": report.wall_seconds if report.startup_seconds is not None else None,
+    }
+
+
+def _fault_cell(fault: Mapping[str, Any]) -> str:
+    if fault["recovery_seconds"] is None:
+        return "not recovered" if fault["recovered_by"] is None else f"- ({fault['recovered_by']})"
+    lost = "?" if fault["steps_lost"] is None else str(fault["steps_lost"])
+    return f"{fault['recovery_seconds']:.1f} ({fault['recovered_by'] or 'none'}) {lost} lost"
+
+
+def _number(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _row_cells(row: Mapping[str, Any]) -> list[str] | None:
+    """The cells after the mode's name, or None when the run recorded no step."""
+    if "goodput_from_first_step" not in row:
+        return None
+    return [
+        *(_fault_cell(f) for f in row["faults"]),
+        _number(row["seconds_per_fault"], ".1f"),
+        str(row["steps_lost"]),
+        _number(row["goodput_from_first_step"], ".1%"),
+        _number(row["goodput_from_submission"], ".1%"),
+        _number(row["startup_seconds"], ".1f"),
+    ]
+
+
+FIGURE_COLUMNS = ("s/fault", "steps lost", "goodput from 1st step", "goodput from submission", "start-up s")
+
+
+def goodput_table(rows: Sequence[Mapping[str, Any]], plan: Sequence[PlannedFault]) -> str:
+    """The summary rows as a plain-text table, one line per mode, for the terminal and the JSON."""
+    headers = ["mode", *(f"{f.kind}@{f.step}" for f in plan), *FIGURE_COLUMNS]
+    body: list[list[str]] = []
+    notes: list[str] = []
+    for row in rows:
+        cells = _row_cells(row)
+        if cells is None:
+            notes.append(f"{row['mode']}: no steps recorded ({row['state']}: {row.get('message', '')})")
             continue
-        cells = []
-        for fault in report.faults:
-            cells.append("-" if fault.recovery_seconds is None else f"{fault.recovery_seconds:.1f}")
-        recovered = [f.recovery_seconds for f in report.faults if f.recovery_seconds is not None]
-        mean = sum(recovered) / len(recovered) if recovered else float("nan")
-        lines.append(
-            f"{mode.label:<28}"
-            + "".join(f"{c:>11}" for c in cells)
-            + f"{mean:>9.1f}{report.training_goodput:>9.1%}{report.wall_seconds:>8.0f}"
+        body.append([row["mode"], *cells])
+    widths = [max(len(line[i]) for line in [headers, *body]) for i in range(len(headers))]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
         )
-        layers = ", ".join(f"{f.kind}: {f.recovered_by or 'none'}" for f in report.faults)
-        lines.append(f"{'':<28}  recovered by: {layers}")
+        for line in [headers, *body]
+    ]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.append(
+        "per fault: seconds from the fault to the next step (the layer that recovered it), steps lost"
+    )
+    return "\n".join(lines + notes)
+
+
+def goodput_markdown(rows: Sequence[Mapping[str, Any]], plan: Sequence[PlannedFault]) -> str:
+    """The same table in Markdown, for docs/benchmarks.md."""
+    headers = ["mode", *(f"{f.kind} @{f.step}" for f in plan), *FIGURE_COLUMNS]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in rows:
+        cells = _row_cells(row) or [f"no steps recorded ({row['state']})"] + [""] * (len(headers) - 2)
+        lines.append("| " + " | ".join([row["mode"], *cells]) + " |")
     return "\n".join(lines)
+
+
+def _settings(mode: Mode, index: int, steps: int, step_sleep: float, plan: list[PlannedFault]) -> JobSettings:
+    return JobSettings(
+        name=f"bench-{index}",
+        steps=steps,
+        checkpoint_interval=checkpoint_interval(steps),
+        checkpoint_mode=mode.checkpoint_mode,
+        in_process=mode.in_process,
+        max_in_job_restarts=mode.max_in_job_restarts,
+        plan=plan,
+        extra_args=["--step-sleep", str(step_sleep)],
+        spec_patch=dict(mode.spec_patch),
+    )
+
+
+def _note(text: str) -> None:
+    print("  " + text, flush=True)
+
+
+def run_mode(
+    stack: Stack, mode: Mode, settings: JobSettings, *, timeout: float
+) -> tuple[JobResult, RunReport | None]:
+    """One mode's run on the stack, its job deleted afterwards."""
+    if mode.runner == RUNNER_INDEXED_JOB:
+        driver = indexedjob.IndexedJob(stack, settings.name)
+        result = run_job(stack, settings, timeout=timeout, on_note=_note, driver=driver)
+        indexedjob.delete_indexed_job(stack, settings.name)
+    else:
+        result = run_job(stack, settings, timeout=timeout, on_note=_note)
+        stack.delete_job(settings.name)
+    report = result.timeline.report() if result.timeline.steps else None
+    return result, report
+
+
+def _run_json(
+    mode: Mode, result: JobResult, report: RunReport | None, row: Mapping[str, Any]
+) -> dict[str, Any]:
+    recreated = sum(1 for r in result.timeline.recoveries if r.layer == LAYER_JOB_CONTROLLER)
+    return {
+        "mode": mode.name,
+        "label": mode.label,
+        "runner": mode.runner,
+        "checkpoint_mode": mode.checkpoint_mode,
+        "in_process": mode.in_process,
+        "max_in_job_restarts": mode.max_in_job_restarts,
+        "spec_patch": dict(mode.spec_patch),
+        "manifests": result.manifests,
+        "state": result.state,
+        "message": result.message,
+        "restarts": result.status.get("restarts"),
+        "pods_recreated_by_job_controller": recreated if mode.runner == RUNNER_INDEXED_JOB else None,
+        "status": result.status,
+        "summary": dict(row),
+        "report": report.to_json() if report else None,
+        "timeline": result.timeline.to_json(),
+    }
 
 
 def goodput_main(argv: list[str]) -> int:
@@ -117,44 +320,43 @@ def goodput_main(argv: list[str]) -> int:
         "enough for recoveries to be compared without keeping the CPUs busy",
     )
     parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(DEFAULT_MODES))
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run before giving up")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="seconds per run before giving up (kubernetes-only: plus the Job controller's back-off)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="results dir (default bench/results)")
     parser.add_argument("--plot", type=Path, default=None, help="also copy the plot here (e.g. docs/img/)")
     args = parser.parse_args(argv)
     out = args.out or _results_dir()
     plan = goodput_plan(args.steps)
     modes = [MODES[m] for m in args.modes]
+    job_nodes = int(load_example()["spec"]["nodes"])
+    nodes = cluster_nodes(modes, plan, job_nodes)
     run_id = processes.tag_environment()
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    rows: list[tuple[Mode, JobResult, RunReport | None]] = []
+    runs: list[tuple[Mode, JobResult, RunReport | None]] = []
     print(
         f"rtj bench goodput: {args.steps} steps per run; faults: "
         + ", ".join(f"{f.kind}@{f.step}" for f in plan)
+        + f"; {nodes} nodes"
     )
     try:
-        # Every node loss kills a node for good: give each run its own replacement node.
         # The operator's log goes under out/ (ignored by git), the figures to `out`.
         logs = REPO_ROOT / "out" / "bench" / f"goodput-{stamp}"
-        with Stack(nodes=2 + len(modes) + 1, out_dir=logs) as stack:
+        with_operator = any(m.runner == RUNNER_OPERATOR for m in modes)
+        with Stack(nodes=nodes, out_dir=logs, operator=with_operator) as stack:
             for i, mode in enumerate(modes):
-                settings = JobSettings(
-                    name=f"bench-{i}",
-                    steps=args.steps,
-                    checkpoint_interval=checkpoint_interval(args.steps),
-                    checkpoint_mode=mode.checkpoint_mode,
-                    in_process=mode.in_process,
-                    max_in_job_restarts=mode.max_in_job_restarts,
-                    plan=plan,
-                    extra_args=["--step-sleep", str(args.step_sleep)],
-                )
+                settings = _settings(mode, i, args.steps, args.step_sleep, plan)
                 print(f"- {mode.label}: running", flush=True)
-                result = run_job(stack, settings, timeout=args.timeout, on_note=lambda t: print("  " + t))
-                stack.delete_job(settings.name)
-                report = result.timeline.report() if result.timeline.steps else None
-                rows.append((mode, result, report))
+                timeout = run_timeout(mode, plan, job_nodes, args.timeout)
+                result, report = run_mode(stack, mode, settings, timeout=timeout)
+                runs.append((mode, result, report))
                 if report is not None:
                     print(
-                        f"  {result.state}: goodput {report.training_goodput:.1%}, "
+                        f"  {result.state}: goodput {report.goodput_from_first_step:.1%} from the first "
+                        f"step, {report.training_goodput:.1%} from submission; "
                         f"wall {report.wall_seconds:.0f} s"
                     )
                 else:
@@ -169,7 +371,8 @@ def goodput_main(argv: list[str]) -> int:
                 f"killed {len(leftovers)} leftover process(es): {processes.describe(leftovers)}",
                 file=sys.stderr,
             )
-    table = goodput_table(rows)
+    rows = [summary_row(mode, result, report, plan) for mode, result, report in runs]
+    table = goodput_table(rows, plan)
     print()
     print(table)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,26 +381,15 @@ def goodput_main(argv: list[str]) -> int:
         "time": stamp,
         "steps": args.steps,
         "step_sleep": args.step_sleep,
+        "cluster_nodes": nodes,
         "plan": [{"kind": f.kind, "step": f.step, "rank": f.rank} for f in plan],
-        "runs": [
-            {
-                "mode": mode.name,
-                "checkpoint_mode": mode.checkpoint_mode,
-                "in_process": mode.in_process,
-                "max_in_job_restarts": mode.max_in_job_restarts,
-                "state": result.state,
-                "message": result.message,
-                "restarts": result.status.get("restarts"),
-                "report": report.to_json() if report else None,
-                "timeline": result.timeline.to_json(),
-            }
-            for mode, result, report in rows
-        ],
+        "runs": [_run_json(m, r, rep, row) for (m, r, rep), row in zip(runs, rows, strict=True)],
         "table": table,
+        "table_markdown": goodput_markdown(rows, plan),
     }
     json_path = out / f"goodput-{stamp}.json"
     json_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    plotted = [(m.label, r.timeline, rep) for m, r, rep in rows if r.timeline.steps]
+    plotted = [(m.label, r.timeline, rep) for m, r, rep in runs if r.timeline.steps]
     written = [json_path]
     if plotted:
         title = f"same job, same {len(plan)} faults, per recovery mode"
@@ -207,7 +399,7 @@ def goodput_main(argv: list[str]) -> int:
             # A smaller copy for the docs.
             written.append(plot_runs(plotted, args.plot, title=title, dpi=72))
     print("\nwritten: " + ", ".join(str(p) for p in written))
-    return 0 if all(r.finished for _, r, _ in rows) else 1
+    return 0 if all(r.finished for _, r, _ in runs) else 1
 
 
 def checkpoint_main(argv: list[str]) -> int:

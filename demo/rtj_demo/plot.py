@@ -85,7 +85,10 @@ def plot_runs(
             _draw_run(ax, timeline, report, origin, label)
             heading = label
             if report is not None:
-                heading += f"  (goodput {report.training_goodput:.0%})"
+                heading += f"  (goodput {report.goodput_from_first_step:.0%} from the first step"
+                if report.goodput_from_submission is not None:
+                    heading += f", {report.goodput_from_submission:.0%} from submission"
+                heading += ")"
             ax.set_title(heading, fontsize=9, loc="left")
             ax.set_ylabel("step")
             ax.grid(True, alpha=0.3)

@@ -8,6 +8,9 @@ trainer cannot inject itself (a lost node), follows the job until it finishes, a
 timeline (`timeline.Timeline`) from the trainer's records, the operator's Events and its own record
 of what it injected. Nothing is simulated beyond the cluster itself: the training is real FSDP on
 gloo under real ft_launcher and inprocess.Wrapper, with real async checkpoints on a volume.
+A `JobDriver` says what kind of job runs the training: `OperatorJob` (the ResilientTrainingJob, the
+default) or `rtj_demo.indexedjob.IndexedJob` (the same training as a plain Kubernetes Job, with a
+stack started without the operator where no run needs it).
 
 The operator runs as a subprocess rather than in-process: that is how users run it, it keeps
 kopf's event loop and signal handling out of the demo's process, and a crash of either side is
@@ -31,12 +34,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from rtj_operator.constants import GROUP, LABEL_JOB, PLURAL, VERSION
 
-from rtj_demo.report import FaultRecord
+from rtj_demo.report import FaultRecord, RecoveryRecord
 from rtj_demo.timeline import (
     Timeline,
     align_fault_times,
@@ -97,6 +100,9 @@ class JobSettings:
     plan: list[PlannedFault] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Merged into the job's spec last (JSON merge patch: nested mappings merge, None removes a key),
+    # for settings the fields above do not name.
+    spec_patch: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -110,6 +116,7 @@ class JobResult:
     events: list[dict[str, Any]]
     finished: bool
     message: str = ""
+    manifests: list[dict[str, Any]] = field(default_factory=list)  # what was submitted
 
 
 def free_port() -> int:
@@ -153,6 +160,20 @@ def _set_arg(args: list[str], name: str, value: str) -> list[str]:
 _OWN_ENV = {"RTJ_FAULTS", "RTJ_PROGRESS_SINK", "RTJ_PROGRESS_INTERVAL_SECONDS"}
 
 
+def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`target` with `patch` applied as a JSON merge patch (RFC 7386): mappings merge key by key, a
+    None value removes the key, anything else replaces. Neither argument is changed."""
+    merged = copy.deepcopy(dict(target))
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge_patch(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
 def build_job(example: Mapping[str, Any], settings: JobSettings, *, rendezvous_port: int) -> dict[str, Any]:
     """The example job with the rehearsal's name, steps, checkpoint mode, recovery layers and faults."""
     job = copy.deepcopy(dict(example))
@@ -186,7 +207,23 @@ def build_job(example: Mapping[str, Any], settings: JobSettings, *, rendezvous_p
     ]
     env += [{"name": k, "value": v} for k, v in settings.extra_env.items()]
     spec["env"] = env
+    job["spec"] = merge_patch(spec, settings.spec_patch)
     return job
+
+
+def dropped_fields(sent: Any, stored: Any, path: str = "") -> list[str]:
+    """The paths of mapping keys in `sent` that `stored` lacks: what the API server pruned (fields the
+    CRD's schema does not know)."""
+    if not isinstance(sent, Mapping) or not isinstance(stored, Mapping):
+        return []
+    missing: list[str] = []
+    for key, value in sent.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in stored:
+            missing.append(where)
+        else:
+            missing += dropped_fields(value, stored[key], where)
+    return missing
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.5) -> None:
@@ -206,9 +243,11 @@ class Stack:
         nodes: int = 4,
         grace_seconds: float = 3.0,
         out_dir: Path,
+        operator: bool = True,
     ) -> None:
         self.nodes = nodes
         self.grace_seconds = grace_seconds
+        self.with_operator = operator
         self.out_dir = out_dir
         self.state_dir = Path(tempfile.mkdtemp(prefix="rtj-demo-"))
         self.cluster: Any = None
@@ -233,7 +272,8 @@ class Stack:
     def start(self) -> None:
         self._start_cluster()
         self._install_crd()
-        self._start_operator()
+        if self.with_operator:
+            self._start_operator()
 
     def _start_cluster(self) -> None:
         try:
@@ -287,13 +327,17 @@ class Stack:
         except ImportError as err:
             raise MissingComponentError(f"the API models (rtj_operator.api) are missing: {err}") from err
         self.kubectl("apply", "-f", "-", input_text=crd_yaml())
-        # Polled rather than `kubectl wait`, which fails at once while a new CRD has no conditions yet.
+        # Polled rather than `kubectl wait`, which fails at once while a new CRD has no conditions yet
+        # (and so does this jsonpath filter: an error is "not yet").
         established = '{.status.conditions[?(@.type=="Established")].status}'
-        _wait(
-            lambda: self.kubectl("get", f"crd/{PLURAL}.{GROUP}", "-o", f"jsonpath={established}") == "True",
-            60,
-            "the CRD to be established",
-        )
+
+        def is_established() -> bool:
+            try:
+                return self.kubectl("get", f"crd/{PLURAL}.{GROUP}", "-o", f"jsonpath={established}") == "True"
+            except RuntimeError:
+                return False
+
+        _wait(is_established, 60, "the CRD to be established")
 
     def _start_operator(self) -> None:
         if importlib.util.find_spec("rtj_operator.main") is None:
@@ -376,9 +420,10 @@ class Stack:
         items = self.core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={name}").items
         return [self.api.sanitize_for_serialization(e) for e in items]
 
-    def pod_summary(self, job_name: str) -> str:
+    def pod_summary(self, job_name: str, label_selector: str | None = None) -> str:
         """One line on the job's pods, for a rehearsal that stopped making progress."""
-        pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=f"{LABEL_JOB}={job_name}").items
+        selector = label_selector or f"{LABEL_JOB}={job_name}"
+        pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
         parts = []
         for pod in pods:
             phase = pod.status.phase if pod.status else "?"
@@ -386,11 +431,12 @@ class Stack:
             parts.append(f"{pod.metadata.name if pod.metadata else '?'} {phase} on {node}")
         return ", ".join(parts) or "none"
 
-    def save_pod_logs(self, job_name: str, directory: Path) -> list[Path]:
+    def save_pod_logs(self, job_name: str, directory: Path, label_selector: str | None = None) -> list[Path]:
         """Copy the logs of the job's current pods (ft_launcher and the ranks) next to the report."""
         directory.mkdir(parents=True, exist_ok=True)
         saved = []
-        pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=f"{LABEL_JOB}={job_name}").items
+        selector = label_selector or f"{LABEL_JOB}={job_name}"
+        pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
         for pod in pods:
             name = pod.metadata.name if pod.metadata else None
             if not name:
@@ -441,6 +487,87 @@ class Observation:
     elapsed: float
 
 
+class JobDriver(Protocol):
+    """How `run_job` submits one kind of job and follows it: a ResilientTrainingJob the operator runs
+    (`OperatorJob`), or the same training as a plain Kubernetes Job (`rtj_demo.indexedjob`)."""
+
+    name: str
+    label_selector: str  # selects the job's pods
+    objects: list[dict[str, Any]]  # what `submit` created
+
+    def submit(self, manifest: Mapping[str, Any]) -> list[str]:
+        """Create the job from the ResilientTrainingJob manifest `build_job` made; returns notes for
+        the user (what the API server changed)."""
+
+    def poll(self) -> tuple[str, dict[str, Any]]:
+        """(state, status): state is Pending, Running, ..., Succeeded or Failed; status as the API says."""
+
+    def worker_node(self, index: int) -> str | None:
+        """The node the current pod of worker `index` runs on (None: no such pod now)."""
+
+    def lose_node(self, node: str, on_note: Callable[[str], None]) -> None:
+        """The node is lost (its machine dies)."""
+
+    def tick(self, on_note: Callable[[str], None]) -> None:
+        """Called once per poll: for what follows a loss later (a Node object deleted)."""
+
+    def events(self) -> list[dict[str, Any]]:
+        """The Events on the job, as the API returns them."""
+
+    def recoveries(self, events: Sequence[Mapping[str, Any]]) -> list[RecoveryRecord]:
+        """What Kubernetes or the operator did to recover, with its time."""
+
+    def end_message(self, state: str, status: Mapping[str, Any]) -> str:
+        """Why the job ended, from its status."""
+
+
+class OperatorJob:
+    """A ResilientTrainingJob: the operator creates the pods and recovers them, reporting by Events."""
+
+    def __init__(self, stack: Stack, name: str) -> None:
+        self.stack = stack
+        self.name = name
+        self.label_selector = f"{LABEL_JOB}={name}"
+        self.objects: list[dict[str, Any]] = []
+
+    def submit(self, manifest: Mapping[str, Any]) -> list[str]:
+        self.objects = [dict(manifest)]
+        stored = self.stack.custom.create_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL, dict(manifest)
+        )
+        stored_spec = stored.get("spec") if isinstance(stored, dict) else None
+        dropped = dropped_fields(manifest.get("spec"), stored_spec, "spec")
+        if not dropped:
+            return []
+        return ["the API server dropped fields its schema does not know: " + ", ".join(dropped)]
+
+    def poll(self) -> tuple[str, dict[str, Any]]:
+        self.stack.check_operator()
+        job = self.stack.get_job(self.name) or {}
+        status = job.get("status") or {}
+        return str(status.get("state") or "Pending"), status
+
+    def worker_node(self, index: int) -> str | None:
+        return self.stack.worker_node(self.name, index)
+
+    def lose_node(self, node: str, on_note: Callable[[str], None]) -> None:
+        # The machine dies and stays dead: the node lifecycle controller marks it NotReady after the
+        # cluster's grace period, the operator replaces the pod (its Node object stays).
+        self.stack.cluster.kill_node(node)
+
+    def tick(self, on_note: Callable[[str], None]) -> None:
+        return None
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.stack.job_events(self.name)
+
+    def recoveries(self, events: Sequence[Mapping[str, Any]]) -> list[RecoveryRecord]:
+        return recoveries_from_events(events)
+
+    def end_message(self, state: str, status: Mapping[str, Any]) -> str:
+        return _condition_message(status, state)
+
+
 def run_job(
     stack: Stack,
     settings: JobSettings,
@@ -449,12 +576,16 @@ def run_job(
     on_update: Callable[[Observation], None] = lambda _: None,
     on_note: Callable[[str], None] = print,
     stall_note_seconds: float = 90.0,
+    driver: JobDriver | None = None,
 ) -> JobResult:
-    """Submit the job, inject the plan's node losses, follow it to the end and gather its timeline."""
+    """Submit the job, inject the plan's node losses, follow it to the end and gather its timeline.
+    `driver` says what kind of job runs the training (default: a ResilientTrainingJob)."""
+    job = driver if driver is not None else OperatorJob(stack, settings.name)
     example = load_example()
     manifest = build_job(example, settings, rendezvous_port=free_port())
     submitted = time.time()
-    stack.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, manifest)
+    for note in job.submit(manifest):
+        on_note(note)
     node_losses = sorted((f for f in settings.plan if f.kind == "node-loss"), key=lambda f: f.step)
     injected: list[FaultRecord] = []
     volume: Path | None = None
@@ -464,14 +595,12 @@ def run_job(
     last_step, last_change = -1, time.monotonic()
     newest_ckpt: int | None = None
     while True:
-        stack.check_operator()
-        job = stack.get_job(settings.name) or {}
-        status = job.get("status") or {}
-        state = status.get("state") or "Pending"
+        state, status = job.poll()
         if volume is None:
             with contextlib.suppress(Exception):
                 volume = stack.volume_dir(settings.name)
-        obs = observe(status, _newest_record(volume, settings.name), time.time() - submitted)
+        record = _newest_record(volume, settings.name)
+        obs = observe({**status, "state": state}, record, time.time() - submitted)
         # The newest line may be a node that learns of commits later than rank 0: never go back.
         if obs.checkpoint_step is not None or newest_ckpt is not None:
             obs.checkpoint_step = max(obs.checkpoint_step or 0, newest_ckpt or 0)
@@ -481,18 +610,20 @@ def run_job(
         if step != last_step:
             last_step, last_change = step, time.monotonic()
         elif time.monotonic() - last_change > stall_note_seconds:
-            on_note(f"no new step for {stall_note_seconds:.0f} s; pods: {stack.pod_summary(settings.name)}")
+            summary = stack.pod_summary(settings.name, job.label_selector)
+            on_note(f"no new step for {stall_note_seconds:.0f} s; pods: {summary}")
             last_change = time.monotonic()
         if node_losses and step >= node_losses[0].step:
-            node = stack.worker_node(settings.name, 1)
+            node = job.worker_node(1)
             if node:
-                stack.cluster.kill_node(node)
+                job.lose_node(node, on_note)
                 injected.append(FaultRecord(time=time.time(), kind="node-loss"))
                 on_note(f"fault: node {node} (worker 1) killed at step {step}")
                 node_losses.pop(0)
+        job.tick(on_note)
         if state in ("Succeeded", "Failed"):
             finished = state == "Succeeded"
-            message = _condition_message(status, state)
+            message = job.end_message(state, status)
             break
         if time.monotonic() > deadline:
             message = f"the job did not finish within {timeout:.0f} s (state {state}, step {step})"
@@ -503,12 +634,12 @@ def run_job(
         job_dir = volume / settings.name
         timeline.extend(from_progress_records(read_json_lines(job_dir / PROGRESS_FILE)))
         timeline.faults += faults_from_markers(job_dir / "faults-fired")
-    events = stack.job_events(settings.name)
-    timeline.recoveries += recoveries_from_events(events)
+    events = job.events()
+    timeline.recoveries += job.recoveries(events)
     timeline.faults = align_fault_times(timeline.steps, timeline.faults + injected)
     timeline.faults.sort(key=lambda f: f.time)
     timeline.recoveries.sort(key=lambda r: r.time)
-    return JobResult(settings.name, state, timeline, status, events, finished, message)
+    return JobResult(settings.name, state, timeline, status, events, finished, message, job.objects)
 
 
 def _newest_record(volume: Path | None, name: str) -> dict[str, Any]:

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 from rtj_demo import bench, ckptbench
-from rtj_demo.rehearsal import JobResult
-from rtj_demo.report import CheckpointRecord, FaultRecord, RecoveryRecord, StepRecord
+from rtj_demo.rehearsal import JobResult, PlannedFault, build_job, dropped_fields, load_example, merge_patch
+from rtj_demo.report import CheckpointRecord, FaultRecord, RecoveryRecord, RunReport, StepRecord
 from rtj_demo.timeline import Timeline
 
 
@@ -16,24 +16,142 @@ def test_goodput_plan_is_five_faults_in_step_order() -> None:
     assert [f.step for f in plan] == sorted({f.step for f in plan})
 
 
-def test_goodput_table_lists_seconds_per_fault_and_goodput() -> None:
-    steps = [StepRecord(float(i), i, seconds=1.0) for i in range(1, 11)]
-    steps += [StepRecord(20.0 + i, 10 + i, seconds=1.0) for i in range(1, 11)]
+def _run(mode: str = "ft-launcher") -> tuple[bench.Mode, JobResult, RunReport]:
+    # Submitted at t=0, first step done at t=5 (4 s of start-up: each step takes 1 s), steps 1..10 at
+    # t=5..14; a SIGKILL at 14.5; the workers resume from the step-5 checkpoint and finish steps 6..20
+    # at t=20..34; a node lost at 34.5, steps 19..20 redone at t=40..41.
+    steps = [StepRecord(4.0 + i, i, seconds=1.0) for i in range(1, 11)]
+    steps += [StepRecord(14.0 + i, i, seconds=1.0) for i in range(6, 21)]
+    steps += [StepRecord(21.0 + i, i, seconds=1.0) for i in range(19, 21)]
     timeline = Timeline(
         steps=steps,
-        faults=[FaultRecord(10.5, "sigkill", step=10)],
-        recoveries=[RecoveryRecord(15.0, "in-job")],
-        checkpoints=[CheckpointRecord(5.0, 5)],
+        faults=[FaultRecord(14.5, "sigkill", step=10), FaultRecord(34.5, "node-loss")],
+        recoveries=[RecoveryRecord(16.0, "in-job"), RecoveryRecord(37.0, "pod-replacement")],
+        checkpoints=[CheckpointRecord(9.5, 5), CheckpointRecord(29.5, 15)],
         start_time=0.0,
     )
     result = JobResult("b", "Succeeded", timeline, {}, [], True)
-    table = bench.goodput_table([(bench.MODES["ft-launcher"], result, timeline.report())])
-    header, _, row, layers = table.splitlines()
-    assert "sigkill" in header and "goodput" in header
-    assert row.startswith("ft-launcher (async)")
-    assert "10.5" in row  # 21.0 - 10.5 s to the first step after the fault
-    assert "66.7%" in row  # 20 useful seconds of 30
-    assert "sigkill: in-job" in layers
+    return bench.MODES[mode], result, timeline.report()
+
+
+PLAN = [PlannedFault("sigkill", 10, rank=2), PlannedFault("node-loss", 20)]
+
+
+def test_summary_row_puts_every_figure_of_a_mode_side_by_side() -> None:
+    mode, result, report = _run()
+    row = bench.summary_row(mode, result, report, PLAN)
+    assert row["mode"] == "ft-launcher (async)"
+    sigkill, node_loss = row["faults"]
+    assert sigkill == {
+        "kind": "sigkill",
+        "step": 10,
+        "recovery_seconds": pytest.approx(20.0 - 14.5),
+        "recovered_by": "in-job",
+        "steps_lost": 5,
+    }
+    assert node_loss["recovered_by"] == "pod-replacement"
+    assert node_loss["recovery_seconds"] == pytest.approx(40.0 - 34.5)
+    assert node_loss["steps_lost"] == 2
+    assert row["seconds_per_fault"] == pytest.approx((5.5 + 5.5) / 2)
+    assert row["steps_lost"] == 7
+    # 20 distinct steps of 1 s are useful; the first step starts at t=4 and the last ends at t=41.
+    assert row["startup_seconds"] == pytest.approx(4.0)
+    assert row["wall_from_first_step_seconds"] == pytest.approx(37.0)
+    assert row["goodput_from_first_step"] == pytest.approx(20.0 / 37.0)
+    assert row["wall_from_submission_seconds"] == pytest.approx(41.0)
+    assert row["goodput_from_submission"] == pytest.approx(20.0 / 41.0)
+    json.dumps(row)  # goes into the results file as it is
+
+
+def test_goodput_table_has_one_row_per_mode_with_all_figures() -> None:
+    rows = [bench.summary_row(*_run(m), PLAN) for m in ("ft-launcher", "kubernetes-only")]
+    header, rule, ft, k8s, legend = bench.goodput_table(rows, PLAN).splitlines()
+    for column in (
+        "sigkill@10",
+        "node-loss@20",
+        "s/fault",
+        "steps lost",
+        "goodput from 1st step",
+        "goodput from submission",
+        "start-up s",
+    ):
+        assert column in header
+    assert set(rule) == {"-"}
+    assert ft.startswith("ft-launcher (async)") and k8s.startswith("kubernetes-only (async)")
+    assert "5.5 (in-job) 5 lost" in ft and "5.5 (pod-replacement) 2 lost" in ft
+    assert ft.split()[-5:] == ["5.5", "7", "54.1%", "48.8%", "4.0"]
+    assert "steps lost" in legend
+    markdown = bench.goodput_markdown(rows, PLAN).splitlines()
+    assert markdown[0].startswith("| mode | sigkill @10 | node-loss @20 | s/fault |")
+    assert markdown[2].startswith("| ft-launcher (async) | 5.5 (in-job) 5 lost |")
+    assert len(markdown) == 4
+
+
+def test_a_run_without_steps_keeps_its_row_with_why() -> None:
+    mode, result, _ = _run()
+    failed = JobResult("b", "Failed", Timeline(), {}, [], False, "BackoffLimitExceeded: too many failures")
+    row = bench.summary_row(mode, failed, None, PLAN)
+    assert row == {
+        "mode": "ft-launcher (async)",
+        "state": "Failed",
+        "finished": False,
+        "message": "BackoffLimitExceeded: too many failures",
+        "faults": [],
+    }
+    table = bench.goodput_table([bench.summary_row(mode, result, result.timeline.report(), PLAN), row], PLAN)
+    assert "ft-launcher (async): no steps recorded (Failed: BackoffLimitExceeded" in table
+    assert "no steps recorded (Failed)" in bench.goodput_markdown([row], PLAN)
+
+
+def test_a_fault_that_did_not_fire_is_blank_in_its_column() -> None:
+    mode, result, report = _run()
+    plan = [*PLAN, PlannedFault("hang", 30, rank=3)]
+    row = bench.summary_row(mode, result, report, plan)
+    assert row["faults"][2] == {
+        "kind": "hang",
+        "step": 30,
+        "recovery_seconds": None,
+        "recovered_by": None,
+        "steps_lost": None,
+    }
+    assert "not recovered" in bench.goodput_table([row], plan)
+
+
+def test_full_mode_comes_first_with_the_supervisor_patch() -> None:
+    assert bench.DEFAULT_MODES[0] == "full"
+    assert {"kubernetes-only", "plain-restart", "ft-launcher", "in-process+ft", "in-process+ft-sync"} <= set(
+        bench.DEFAULT_MODES
+    )
+    full = bench.MODES["full"]
+    settings = bench._settings(full, 0, 500, 0.15, bench.goodput_plan(500))
+    spec = build_job(load_example(), settings, rendezvous_port=31000)["spec"]
+    assert spec["faultTolerance"]["launcher"] == "Supervisor"
+    assert spec["faultTolerance"]["inProcess"]["enabled"] is True
+    assert spec["faultTolerance"]["heartbeatTimeoutSeconds"] == 10  # the example's own, kept
+    assert spec["hotSpares"] == 2
+    assert spec["checkpoint"]["memoryIntervalSteps"] == 1 and spec["checkpoint"]["mode"] == "Async"
+    assert spec["checkpoint"]["intervalSteps"] == 25
+    # 2 workers + 2 hot spares + the store pod.
+    assert full.pods(2) == 5
+    assert bench.MODES["kubernetes-only"].pods(2) == bench.MODES["plain-restart"].pods(2) == 2
+
+
+def test_cluster_has_a_node_per_pod_and_per_loss_of_every_run_so_far() -> None:
+    plan = bench.goodput_plan(500)  # one node loss
+    modes = [bench.MODES[m] for m in bench.DEFAULT_MODES]
+    # The sixth run finds five nodes lost before it and needs 2 + 1; one more is slack.
+    assert bench.cluster_nodes(modes, plan, 2) == 5 + 3 + 1
+    # Alone, the full mode needs its 5 pods and a replacement.
+    assert bench.cluster_nodes([bench.MODES["full"]], plan, 2) == 5 + 1 + 1
+    # The former four modes: as before.
+    four = [bench.MODES[m] for m in ("plain-restart", "ft-launcher", "in-process+ft", "in-process+ft-sync")]
+    assert bench.cluster_nodes(four, plan, 2) == 2 + len(four) + 1
+
+
+def test_only_the_kubernetes_only_run_gets_the_back_off_allowance() -> None:
+    plan = bench.goodput_plan(500)
+    assert bench.run_timeout(bench.MODES["full"], plan, 2, 900.0) == 900.0
+    assert bench.run_timeout(bench.MODES["kubernetes-only"], plan, 2, 900.0) > 900.0 + 1600.0
 
 
 def test_unknown_benchmark_is_an_error() -> None:
@@ -58,3 +176,31 @@ def test_checkpoint_benchmark_runs_sync_and_async_saves(tmp_path: Path) -> None:
     (written,) = tmp_path.glob("checkpoint-*.json")
     data = json.loads(written.read_text())
     assert data["benchmark"] == "checkpoint" and len(data["results"]) == 3
+
+
+def test_merge_patch_merges_mappings_and_removes_on_none() -> None:
+    target = {"a": {"b": 1, "c": 2}, "d": [1], "e": 3}
+    patched = merge_patch(target, {"a": {"b": 5, "c": None}, "d": [2], "f": {"g": 1}})
+    assert patched == {"a": {"b": 5}, "d": [2], "e": 3, "f": {"g": 1}}
+    assert target == {"a": {"b": 1, "c": 2}, "d": [1], "e": 3}  # unchanged
+
+
+def test_dropped_fields_names_what_the_api_server_pruned() -> None:
+    sent = {"hotSpares": 2, "faultTolerance": {"launcher": "Supervisor", "maxInJobRestarts": 3}}
+    stored = {"hotSpares": 2, "faultTolerance": {"maxInJobRestarts": 3}}
+    assert dropped_fields(sent, stored, "spec") == ["spec.faultTolerance.launcher"]
+    assert dropped_fields(sent, sent) == []
+
+
+def test_a_runs_json_keeps_the_summary_the_report_the_timeline_and_what_was_submitted() -> None:
+    mode, result, report = _run("kubernetes-only")
+    result.manifests = [{"kind": "Job", "metadata": {"name": "b"}}]
+    result.timeline.recoveries.append(RecoveryRecord(16.5, "job-controller"))
+    row = bench.summary_row(mode, result, report, PLAN)
+    data = json.loads(json.dumps(bench._run_json(mode, result, report, row)))
+    assert data["mode"] == "kubernetes-only" and data["runner"] == "indexed-job"
+    assert data["summary"]["goodput_from_first_step"] == pytest.approx(report.goodput_from_first_step)
+    assert data["report"]["startup_seconds"] == pytest.approx(4.0)
+    assert len(data["timeline"]["steps"]) == len(result.timeline.steps)
+    assert data["manifests"] == [{"kind": "Job", "metadata": {"name": "b"}}]
+    assert data["pods_recreated_by_job_controller"] == 1

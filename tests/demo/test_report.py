@@ -135,3 +135,50 @@ def test_measured_step_seconds_exclude_saves_between_steps() -> None:
     report = build_report(steps, [], [], [], start_time=0.0)
     assert report.useful_seconds == pytest.approx(2.0)
     assert report.training_goodput == pytest.approx(0.5)
+
+
+def test_goodput_from_the_first_step_and_from_submission() -> None:
+    # Submitted at t=-3: start-up runs to the first step's start (t=0, its completion at 1.0 minus the
+    # median step of 1 s); wall time is 37 s from the first step and 40 s from submission.
+    report = build_report(*_timeline(), start_time=-3.0)
+    assert report.first_step_start == pytest.approx(0.0)
+    assert report.startup_seconds == pytest.approx(3.0)
+    assert report.wall_from_first_step_seconds == pytest.approx(37.0)
+    assert report.goodput_from_first_step == pytest.approx(25.0 / 37.0)
+    assert report.wall_seconds == pytest.approx(40.0)
+    assert report.goodput_from_submission == pytest.approx(25.0 / 40.0)
+    assert report.training_goodput == report.goodput_from_submission
+    data = report.to_json()
+    assert data["startup_seconds"] == pytest.approx(3.0)
+    assert data["goodput_from_first_step"] == pytest.approx(25.0 / 37.0)
+    assert data["seconds_per_fault"] == pytest.approx((1.0 + 7.0) / 2)
+    assert data["steps_lost"] == 5
+    text = format_table(report)
+    assert "goodput from the first step: 67.6%" in text
+    assert "goodput from submission: 62.5%" in text and "start-up 3.0 s" in text
+
+
+def test_without_a_submission_time_there_is_no_start_up() -> None:
+    report = build_report(*_timeline())
+    assert report.startup_seconds is None and report.goodput_from_submission is None
+    assert report.training_goodput == report.goodput_from_first_step
+    assert "from submission" not in format_table(report)
+
+
+def test_the_first_step_starts_its_own_measured_time_before_it_ends() -> None:
+    steps = [
+        StepRecord(10.0, 1, seconds=0.25),
+        StepRecord(11.0, 2, seconds=1.0),
+        StepRecord(12.0, 3, seconds=1.0),
+    ]
+    report = build_report(steps, [], [], [], start_time=2.0)
+    assert report.first_step_start == pytest.approx(9.75)
+    assert report.startup_seconds == pytest.approx(7.75)
+    assert report.wall_from_first_step_seconds == pytest.approx(2.25)
+    assert report.goodput_from_first_step == pytest.approx(1.0)  # 2.25 useful of 2.25
+
+
+def test_no_recovered_fault_means_no_seconds_per_fault() -> None:
+    report = build_report(_run(1.0, 1, 5), [FaultRecord(time=5.5, kind="hang")], [], [])
+    assert report.seconds_per_fault is None
+    assert report.steps_lost == 0
