@@ -30,10 +30,12 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
 import torch
+import torch.distributed as dist
 
 from rtj_trainer.nvrx_compat import AsyncWriter, write_shard_durably
 
@@ -189,19 +191,89 @@ class StagingBuffer:
         return staged
 
 
+def _cuda_device(state: Mapping[str, torch.Tensor]) -> torch.device | None:
+    return next((t.device for t in state.values() if t.is_cuda), None)
+
+
+class _Stager:
+    """Copies the state into a staging buffer, inline or on a background thread.
+
+    torch's copy releases the GIL, so a background copy overlaps the next step's compute. CUDA
+    state is copied on a side stream that first waits for the work queued before the save (the
+    step that produced the state), so the training stream goes on while the device-to-host copy
+    runs.
+    """
+
+    def __init__(self, background: bool) -> None:
+        self._pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="rtj-ckpt-stage") if background else None
+        )
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+
+    def start(
+        self, buffer: StagingBuffer, state: Mapping[str, torch.Tensor]
+    ) -> Future[dict[str, torch.Tensor]]:
+        if self._pool is None:
+            done: Future[dict[str, torch.Tensor]] = Future()
+            done.set_result(buffer.stage(state))
+            return done
+        state = dict(state)  # the caller may rebind its entries; the tensors themselves stay
+        device = _cuda_device(state)
+        if device is None:
+            return self._pool.submit(buffer.stage, state)
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        produced = torch.cuda.current_stream(device).record_event()
+        return self._pool.submit(self._stage_on_stream, buffer, state, stream, produced)
+
+    @staticmethod
+    def _stage_on_stream(
+        buffer: StagingBuffer,
+        state: Mapping[str, torch.Tensor],
+        stream: torch.cuda.Stream,
+        produced: torch.cuda.Event,
+    ) -> dict[str, torch.Tensor]:
+        with torch.cuda.stream(stream):
+            stream.wait_event(produced)
+            staged = buffer.stage(state)
+        stream.synchronize()
+        return staged
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+@dataclasses.dataclass
+class _Staged:
+    """The newest copy of the state in host memory, and whether it is to be written."""
+
+    step: int
+    buffer: StagingBuffer
+    copy: Future[dict[str, torch.Tensor]]
+    extra: dict[str, Any]
+    write: bool  # a durable save of this step was asked for and is not yet with the writer
+
+
 @dataclasses.dataclass
 class _Pending:
     step: int
     submitted: float
+    buffer: StagingBuffer
 
 
 @dataclasses.dataclass
 class SaveStats:
-    """Timings the progress report and the benchmark read."""
+    """Timings and counts the progress report and the benchmarks read."""
 
-    last_blocking_seconds: float = 0.0
-    total_blocking_seconds: float = 0.0
-    saves: int = 0
+    last_blocking_seconds: float = 0.0  # the last save() call: waiting for the writer, an inline copy
+    total_blocking_seconds: float = 0.0  # every save() call and every wait for a background copy
+    saves: int = 0  # durable saves asked for
+    skipped: int = 0  # save points that only refreshed the host copy: a writer was still busy
+    last_copy_wait_seconds: float = 0.0  # the last wait_staged(): a background copy not finished yet
+    total_copy_wait_seconds: float = 0.0
+    total_writer_wait_seconds: float = 0.0  # saves waiting for the writer to free a staging buffer
     last_write_seconds: float = 0.0
     writer_deaths: int = 0
 
@@ -218,7 +290,11 @@ class CheckpointManager:
         asynchronous: bool = True,
         keep: int = 3,
         keepalive: Callable[[], None] | None = None,
+        stage_in_background: bool = False,
     ) -> None:
+        """``stage_in_background``: async saves copy the state on a background thread and return at
+        once; the caller must then call :meth:`wait_staged` before it next changes the state in place
+        (the trainer: before ``opt.step()``). Off, the copy happens inside :meth:`save`."""
         self.root = Path(root)
         self.rank = rank
         self.world_size = world_size
@@ -228,7 +304,11 @@ class CheckpointManager:
         # is not hung, and must keep sending heartbeats to ft_launcher.
         self.keepalive = keepalive
         self.stats = SaveStats()
-        self._staging = StagingBuffer()
+        self._stager = _Stager(background=asynchronous and stage_in_background)
+        # Two staging buffers at most: one the writer reads, one for the newest copy. The second is
+        # allocated by the first save that finds the writer still busy.
+        self._buffers: list[StagingBuffer] = [StagingBuffer()]
+        self._staged: _Staged | None = None
         self._writer: AsyncWriter | None = None
         self._pending: _Pending | None = None
         self._uncommitted: list[int] = []  # rank 0: saved steps awaiting their commit
@@ -256,29 +336,150 @@ class CheckpointManager:
 
     # -- saving ---------------------------------------------------------------------------------
 
-    def save(self, step: int, tensors: Mapping[str, torch.Tensor], extra: Mapping[str, Any]) -> None:
-        """Save this rank's shard of ``step``; returns once the state is copied (async) or written (sync)."""
+    def ready_to_write(self) -> bool:
+        """Whether a durable save now would start writing at once: no write in flight or queued.
+
+        Non-blocking (it polls). One rank's answer; :meth:`ready_to_write_everywhere` agrees on it.
+        """
+        if not self.asynchronous:
+            return True
+        self.poll()
+        return self._pending is None and not self._write_queued()
+
+    def ready_to_write_everywhere(self, device: torch.device) -> bool:
+        """:meth:`ready_to_write` on every rank (a collective: every rank calls it at the same step).
+
+        Pass the result to :meth:`save` as ``write``: every rank then writes, or skips, the same
+        steps, so the steps written are complete on every rank and commit.
+        """
+        flag = torch.tensor([1 if self.ready_to_write() else 0], dtype=torch.int32, device=device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return int(flag[0]) == 1
+
+    def save(
+        self, step: int, tensors: Mapping[str, torch.Tensor], extra: Mapping[str, Any], *, write: bool = True
+    ) -> None:
+        """Save this rank's shard of ``step``.
+
+        Sync: written before it returns. Async: the state is copied into a staging buffer (inside
+        this call, or on a background thread when ``stage_in_background``) and written by the writer
+        process; a write still in flight delays it, and only a save that finds one write in flight
+        and another queued waits, for the first. ``write=False`` (a writer somewhere is still busy:
+        :meth:`ready_to_write_everywhere`) only refreshes the copy in host memory and counts the
+        save as skipped: the durable checkpoint stays at most one write behind the save points.
+        """
         started = time.perf_counter()
-        # The staging buffer is reused: the previous save must be on disk before it is overwritten.
-        self.wait(timeout=None)
-        step_dir(self.root, step).mkdir(parents=True, exist_ok=True)
-        path = shard_path(self.root, step, self.rank)
-        if self.asynchronous:
-            payload = self._payload(step, self._staging.stage(tensors), extra)
-            if self._writer is None:
-                self._writer = AsyncWriter(self.rank)
-            self._writer.submit(payload, str(path))
-            self._pending = _Pending(step, time.perf_counter())
+        if not self.asynchronous:
+            if write:
+                step_dir(self.root, step).mkdir(parents=True, exist_ok=True)
+                write_shard_durably(
+                    self._payload(step, dict(tensors), extra), str(shard_path(self.root, step, self.rank))
+                )
+                self._mark_done(step)
+                self._saved(step)
+            else:
+                self.stats.skipped += 1
+            self._count_blocking(started)
+            return
+        # The previous copy finished long ago in a training loop (wait_staged() before its update).
+        self.wait_staged()
+        started = time.perf_counter()
+        buffer = self._free_buffer(wait=write)
+        if buffer is None:
+            # Both buffers are taken (one written, one queued for writing): the copy in host memory
+            # is the queued one, not refreshed.
+            self.stats.skipped += 1
+            self._count_blocking(started)
+            return
+        if write:
+            step_dir(self.root, step).mkdir(parents=True, exist_ok=True)
+            self._saved(step)
         else:
-            payload = self._payload(step, dict(tensors), extra)
-            write_shard_durably(payload, str(path))
-            self._mark_done(step)
-        blocking = time.perf_counter() - started
-        self.stats.last_blocking_seconds = blocking
-        self.stats.total_blocking_seconds += blocking
+            self.stats.skipped += 1
+        self._staged = _Staged(step, buffer, self._stager.start(buffer, tensors), dict(extra), write)
+        self._submit_staged()
+        self._count_blocking(started)
+
+    def wait_staged(self) -> None:
+        """Block until the last save's copy of the state is complete, then hand it to the writer.
+
+        Call it before changing the saved tensors in place (the trainer: before ``opt.step()``); it
+        returns at once when the copy already finished, as it has when it overlapped a step.
+        """
+        staged = self._staged
+        if staged is None:
+            return
+        started = time.perf_counter()
+        copy_wait = 0.0
+        if not staged.copy.done():
+            staged.copy.result()
+            copy_wait = time.perf_counter() - started
+        self._submit_staged()
+        self.stats.last_copy_wait_seconds = copy_wait
+        self.stats.total_copy_wait_seconds += copy_wait
+        self.stats.total_blocking_seconds += time.perf_counter() - started
+
+    def _saved(self, step: int) -> None:
         self.stats.saves += 1
         if self.is_committer:
             self._uncommitted.append(step)
+
+    def _count_blocking(self, started: float) -> None:
+        blocking = time.perf_counter() - started
+        self.stats.last_blocking_seconds = blocking
+        self.stats.total_blocking_seconds += blocking
+
+    def _write_queued(self) -> bool:
+        return self._staged is not None and self._staged.write
+
+    def _free_buffer(self, *, wait: bool) -> StagingBuffer | None:
+        """A staging buffer neither the writer reads nor a queued write holds; ``wait``: wait for the
+        writer when there is none, otherwise None."""
+        while True:
+            taken = {id(self._pending.buffer)} if self._pending is not None else set()
+            if self._write_queued():
+                assert self._staged is not None
+                taken.add(id(self._staged.buffer))
+            for buffer in self._buffers:
+                if id(buffer) not in taken:
+                    return buffer
+            if len(self._buffers) < 2:
+                self._buffers.append(StagingBuffer())
+                continue
+            if not wait:
+                return None
+            started = time.perf_counter()
+            self._wait_for_writer()
+            self.stats.total_writer_wait_seconds += time.perf_counter() - started
+
+    def _wait_for_writer(self) -> None:
+        """Until the write in flight is finalized (or its writer died); the queued one then starts."""
+        in_flight = self._pending
+        while in_flight is not None and self._pending is in_flight:
+            self.poll()
+            if self._pending is not in_flight:
+                break
+            if self.keepalive is not None:
+                self.keepalive()
+            time.sleep(0.005)
+
+    def _submit_staged(self) -> None:
+        """Hand the staged copy to the writer once it is complete and the writer is free."""
+        staged = self._staged
+        if staged is None or not staged.write or not staged.copy.done():
+            return
+        if self._pending is not None:
+            self._poll_writer()
+            if self._pending is not None:
+                return
+        tensors = staged.copy.result()
+        staged.write = False  # handed over; the buffer stays the newest host copy until reused
+        if self._writer is None:
+            self._writer = AsyncWriter(self.rank)
+        payload = self._payload(staged.step, tensors, staged.extra)
+        self._writer.submit(payload, str(shard_path(self.root, staged.step, self.rank)))
+        self._pending = _Pending(staged.step, time.perf_counter(), staged.buffer)
 
     def _payload(
         self, step: int, tensors: Mapping[str, torch.Tensor], extra: Mapping[str, Any]
@@ -310,7 +511,13 @@ class CheckpointManager:
         return removed
 
     def poll(self) -> list[int]:
-        """Non-blocking: finalize a finished write, commit what is complete. Returns newly committed steps."""
+        """Non-blocking: finalize a finished write, start a queued one, commit what is complete.
+        Returns newly committed steps."""
+        self._poll_writer()
+        self._submit_staged()
+        return self._commit_ready()
+
+    def _poll_writer(self) -> None:
         if self._pending is None and self._writer is not None and self._writer.pending():
             self._writer.poll()  # the warm-up request
         if self._pending is not None and self._writer is not None:
@@ -320,7 +527,6 @@ class CheckpointManager:
                 self._pending = None
             elif not self._writer.writer_alive():
                 self._writer_died()
-        return self._commit_ready()
 
     def _writer_died(self) -> None:
         assert self._pending is not None and self._writer is not None
@@ -359,11 +565,12 @@ class CheckpointManager:
         return committed
 
     def wait(self, timeout: float | None) -> bool:
-        """Block until this rank's pending write is finalized (or the writer died); False on timeout."""
+        """Block until this rank's durable saves are finalized (or their writer died): the copy, the
+        queued write and the write in flight. False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._pending is not None:
+        while self._writing():
             self.poll()
-            if self._pending is None:
+            if not self._writing():
                 break
             if deadline is not None and time.monotonic() > deadline:
                 return False
@@ -371,6 +578,9 @@ class CheckpointManager:
                 self.keepalive()
             time.sleep(0.01)
         return True
+
+    def _writing(self) -> bool:
+        return self._pending is not None or self._write_queued()
 
     def wait_committed(self, step: int, timeout: float) -> bool:
         """Block until ``step`` is committed: rank 0 commits it once every shard is durable, the
@@ -388,6 +598,7 @@ class CheckpointManager:
             time.sleep(0.02)
 
     def close(self) -> None:
+        self._stager.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
