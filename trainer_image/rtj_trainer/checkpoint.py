@@ -14,9 +14,22 @@ the newest ``keep`` committed directories and any partial one older than the new
 
 Saves copy the state into a staging buffer of preallocated shared-memory CPU tensors before the
 writer process sees it: the writer then reads bytes equal to the state at the save call while
-training keeps changing the parameters (without a copy NVRx's writer reads live tensors). The
-staging buffer is reused, so a save first finalizes the previous one. ``rtj_trainer.nvrx_compat``
-holds the writer; ``rtj_trainer.train`` drives the manager once per step.
+training keeps changing the parameters (without a copy NVRx's writer reads live tensors).
+
+Async saves overlap training three ways:
+
+* the copy runs on a background thread (CUDA state: on a side stream) when the manager is built with
+  ``stage_in_background``; the trainer calls ``wait_staged()`` before it next changes the state in
+  place (before ``opt.step()``), which blocks only if the copy has not finished;
+* two staging buffers: one the writer reads, one for the newest copy. A durable save that finds the
+  writer busy waits in the second buffer and is handed over when the writer frees up; only a third
+  save while both are taken waits for the writer;
+* a save point whose writer is still busy on some rank can be skipped on every rank alike
+  (``ready_to_write_everywhere()`` then ``save(write=False)``): the state is copied into host memory
+  only, and the durable checkpoint stays at most one write behind. Skipping must be agreed: a step
+  commits only once every rank wrote it, so ranks that skipped different steps would commit none.
+
+``rtj_trainer.nvrx_compat`` holds the writer; ``rtj_trainer.train`` drives the manager once per step.
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -44,6 +57,7 @@ log = logging.getLogger(__name__)
 COMMIT_MARKER: Final = "COMMITTED"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _DONE_FILE = re.compile(r"^rank-(\d+)\.done$")
+_T = TypeVar("_T")
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -205,18 +219,19 @@ class _Stager:
     """
 
     def __init__(self, background: bool) -> None:
-        self._pool = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="rtj-ckpt-stage") if background else None
-        )
+        self.background = background
+        self._pool: ThreadPoolExecutor | None = None  # started by the first copy, again after close()
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def start(
         self, buffer: StagingBuffer, state: Mapping[str, torch.Tensor]
     ) -> Future[dict[str, torch.Tensor]]:
-        if self._pool is None:
+        if not self.background:
             done: Future[dict[str, torch.Tensor]] = Future()
             done.set_result(buffer.stage(state))
             return done
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rtj-ckpt-stage")
         state = dict(state)  # the caller may rebind its entries; the tensors themselves stay
         device = _cuda_device(state)
         if device is None:
@@ -243,6 +258,49 @@ class _Stager:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class _Chores:
+    """Durability bookkeeping: ``.done`` files, commits, pruning, re-reading the newest commit.
+
+    Each is fsyncs and directory listings on the shared volume, tens of milliseconds on a busy one:
+    for async saves they run on a background thread, in order, so they stay off the training
+    thread. Sync saves run them inline, as they write.
+    """
+
+    def __init__(self, background: bool) -> None:
+        self.background = background
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: list[Future[Any]] = []
+
+    def run(self, chore: Callable[[], _T]) -> Future[_T]:
+        if not self.background:
+            done: Future[_T] = Future()
+            done.set_result(chore())
+            return done
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rtj-ckpt-chores")
+        future = self._pool.submit(chore)
+        self._futures = [f for f in self._futures if not f.done()]
+        self._futures.append(future)
+        return future
+
+    def drain(self) -> None:
+        while self._futures:
+            self._futures.pop(0).result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._futures.clear()
+
+
+@dataclasses.dataclass(frozen=True)
+class _CommitCheck:
+    committed: list[int]  # steps this check committed
+    newest: CheckpointInfo | None  # the newest complete checkpoint it found; None: not re-read
 
 
 @dataclasses.dataclass
@@ -313,6 +371,9 @@ class CheckpointManager:
         self._pending: _Pending | None = None
         self._uncommitted: list[int] = []  # rank 0: saved steps awaiting their commit
         self._last_refresh = time.monotonic()
+        self._chores = _Chores(background=asynchronous)
+        self._commit_check: Future[_CommitCheck] | None = None
+        self._done_marks: list[Future[None]] = []  # .done files being written
         self.last_committed: CheckpointInfo | None = newest_complete(self.root, world_size)
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -385,10 +446,10 @@ class CheckpointManager:
         # The previous copy finished long ago in a training loop (wait_staged() before its update).
         self.wait_staged()
         started = time.perf_counter()
-        buffer = self._free_buffer(wait=write)
+        # A write queued behind the one in flight keeps its buffer: the copy in host memory is then
+        # the queued one, and a skipped save does not refresh it.
+        buffer = None if not write and self._write_queued() else self._free_buffer(wait=write)
         if buffer is None:
-            # Both buffers are taken (one written, one queued for writing): the copy in host memory
-            # is the queued one, not refreshed.
             self.stats.skipped += 1
             self._count_blocking(started)
             return
@@ -502,6 +563,8 @@ class CheckpointManager:
 
     def discard_partials_after(self, step: int) -> list[Path]:
         """Delete uncommitted directories newer than ``step`` (rank 0, when resuming at ``step``)."""
+        self._chores.drain()  # no commit check may be listing a directory deleted below
+        self._collect_commit_check()
         removed = []
         for info in list_checkpoints(self.root):
             if info.step > step and not info.committed:
@@ -523,7 +586,8 @@ class CheckpointManager:
         if self._pending is not None and self._writer is not None:
             if self._writer.poll():
                 self.stats.last_write_seconds = time.perf_counter() - self._pending.submitted
-                self._mark_done(self._pending.step)
+                written = self._pending.step
+                self._done_marks.append(self._chores.run(lambda: self._mark_done(written)))
                 self._pending = None
             elif not self._writer.writer_alive():
                 self._writer_died()
@@ -541,28 +605,55 @@ class CheckpointManager:
         self._pending = None
 
     def _commit_ready(self) -> list[int]:
-        if not self.is_committer:
-            # Other ranks learn of commits from the volume, at most every few seconds.
+        """Collect the last commit check, start the next one (rank 0: while saves await their commit;
+        the other ranks: re-read the newest commit at most every few seconds)."""
+        committed = self._collect_commit_check()
+        if self._commit_check is not None:
+            return committed
+        if self.is_committer:
+            if self.last_committed is not None:
+                # A save abandoned by a dead writer never commits: forget it once a newer one did.
+                newest = self.last_committed.step
+                self._uncommitted = [s for s in self._uncommitted if s > newest]
+            if not self._uncommitted:
+                return committed
+            steps = list(self._uncommitted)
+            self._commit_check = self._chores.run(lambda: self._commit_steps(steps))
+        else:
             now = time.monotonic()
-            if now - self._last_refresh > 2.0:
-                self._last_refresh = now
-                self.last_committed = newest_complete(self.root, self.world_size)
+            if now - self._last_refresh <= 2.0:
+                return committed
+            self._last_refresh = now
+            self._commit_check = self._chores.run(
+                lambda: _CommitCheck([], newest_complete(self.root, self.world_size))
+            )
+        return committed + self._collect_commit_check()
+
+    def _commit_steps(self, steps: list[int]) -> _CommitCheck:
+        """Rank 0, off the training thread: commit what is complete, then prune."""
+        committed = []
+        for step in steps:
+            try:
+                if try_commit(self.root, step):
+                    committed.append(step)
+            except OSError:
+                continue  # the directory was discarded meanwhile (a resume chose an older step)
+        if not committed:
+            return _CommitCheck([], None)
+        newest = newest_complete(self.root)
+        prune(self.root, self.keep)
+        return _CommitCheck(committed, newest)
+
+    def _collect_commit_check(self) -> list[int]:
+        check = self._commit_check
+        if check is None or not check.done():
             return []
-        if not self._uncommitted:
-            return []
-        committed: list[int] = []
-        if self.last_committed is not None:
-            # A save abandoned by a dead writer never commits: forget it once a newer one did.
-            newest = self.last_committed.step
-            self._uncommitted = [s for s in self._uncommitted if s > newest]
-        for step in list(self._uncommitted):
-            if try_commit(self.root, step):
-                self._uncommitted.remove(step)
-                committed.append(step)
-        if committed:
-            self.last_committed = newest_complete(self.root)
-            prune(self.root, self.keep)
-        return committed
+        self._commit_check = None
+        result = check.result()
+        self._uncommitted = [s for s in self._uncommitted if s not in result.committed]
+        if result.newest is not None:
+            self.last_committed = result.newest
+        return result.committed
 
     def wait(self, timeout: float | None) -> bool:
         """Block until this rank's durable saves are finalized (or their writer died): the copy, the
@@ -580,7 +671,14 @@ class CheckpointManager:
         return True
 
     def _writing(self) -> bool:
-        return self._pending is not None or self._write_queued()
+        """A durable save of this rank not finished: its copy, its write or its ``.done`` file."""
+        return self._pending is not None or self._write_queued() or self._marking_done()
+
+    def _marking_done(self) -> bool:
+        for mark in [m for m in self._done_marks if m.done()]:
+            self._done_marks.remove(mark)
+            mark.result()  # a .done file that could not be written fails the caller
+        return bool(self._done_marks)
 
     def wait_committed(self, step: int, timeout: float) -> bool:
         """Block until ``step`` is committed: rank 0 commits it once every shard is durable, the
@@ -599,6 +697,9 @@ class CheckpointManager:
 
     def close(self) -> None:
         self._stager.close()
+        self._chores.close()
+        self._commit_check = None
+        self._done_marks.clear()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
