@@ -3,21 +3,28 @@
 For each state size and checkpoint interval it runs the same loop three times, in one process: no
 saves (the baseline), synchronous saves and async saves, all through the trainer's own
 `rtj_trainer.checkpoint.CheckpointManager` (the code that runs in the job: per-rank shard, fsync,
-done file, commit marker; async saves stage into shared memory and hand off to NVRx's writer
-process). It reports:
+done file, commit marker). Async saves run as the trainer drives them: every save point copies the
+state into host memory on a background thread (the memory tier), overlapping the next step, and the
+loop calls `wait_staged()` before it changes the state in place; the copy is written by NVRx's writer
+process when the writer is free (`ready_to_write()`), otherwise the save point is skipped and the
+durable checkpoint stays at most one write behind. It reports:
 
 - training efficiency = time spent in steps / wall time of the loop (the AWS sample's measure); the
   wait for the last save to be durable after the loop is reported apart (`final_flush_seconds`);
-- blocking time per save (how long `save()` holds the loop) against the floor: a plain in-memory
-  copy of the same state into a preallocated buffer, the least any consistent save must block.
+- blocking time per save point (the save call, plus the wait for its copy before the next update),
+  split into waiting for the copy and waiting for the writer, against the floor: a plain in-memory
+  copy of the same state into a preallocated buffer;
+- saves written and skipped, and how far the newest committed checkpoint was behind at a save point.
 
 A step is emulated by `--step-seconds` of sleep plus an in-place update of the state: it stands for
-an accelerator-bound step, where the host thread waits on the GPU while the writer process has the
-CPU. Real training steps are measured by the goodput benchmark and the trainer's own benchmark.
+an accelerator-bound step, where the host thread waits on the GPU while the copy thread and the
+writer process have the CPU. Real training steps are measured by the goodput benchmark and the
+trainer's own benchmark.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -251,4 +258,10 @@ def format_table(results: Sequence[LoopResult]) -> str:
 
 
 def to_json(results: Sequence[LoopResult], settings: dict[str, Any]) -> dict[str, Any]:
-    return {"benchmark": "checkpoint", "settings": settings, "results": [asdict(r) for r in results]}
+    return {
+        "benchmark": "checkpoint",
+        "settings": settings,
+        # 1, 5 and 15-minute load averages at the end: the copy and the writer compete for the cores.
+        "load_average": list(os.getloadavg()),
+        "results": [asdict(r) for r in results],
+    }

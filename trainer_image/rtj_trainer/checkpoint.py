@@ -411,8 +411,11 @@ class CheckpointManager:
         """:meth:`ready_to_write` on every rank (a collective: every rank calls it at the same step).
 
         Pass the result to :meth:`save` as ``write``: every rank then writes, or skips, the same
-        steps, so the steps written are complete on every rank and commit.
+        steps, so the steps written are complete on every rank and commit. Sync saves are always
+        ready: no collective (the mode is the same on every rank).
         """
+        if not self.asynchronous:
+            return True
         flag = torch.tensor([1 if self.ready_to_write() else 0], dtype=torch.int32, device=device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
