@@ -581,6 +581,7 @@ class CheckpointManager:
         Returns newly committed steps."""
         self._poll_writer()
         self._submit_staged()
+        self._marking_done()
         return self._commit_ready()
 
     def _poll_writer(self) -> None:
