@@ -100,11 +100,13 @@ def _manager(root: Path, mode: str, state: dict[str, torch.Tensor]) -> Any:
     manager = CheckpointManager(
         root / mode, rank=0, world_size=1, asynchronous=asynchronous, keep=2, stage_in_background=asynchronous
     )
-    # A warm-up, not timed: the first async save starts NVRx's writer process (seconds) and a save
-    # while it writes allocates the second staging buffer; one-off costs per training process.
+    # A warm-up, not timed: the first async save starts NVRx's writer process (seconds), and a second
+    # one while the writer is busy allocates the second staging buffer; both buffers go through the
+    # writer once. One-off costs per training process.
     manager.save(0, state, {"step": 0})
     if asynchronous:
-        manager.save(0, state, {"step": 0}, write=False)
+        manager.wait_staged()
+        manager.save(0, state, {"step": 0})
         manager.wait_staged()
     manager.wait(timeout=None)
     manager.poll()
@@ -172,14 +174,15 @@ def run_loop(
         if manager is not None:
             manager.close()
     stats = manager.stats if manager is not None else None
+    warm_up_saves = 2 if mode == "Async" else 1
     return LoopResult(
         mode=mode,
         size_mb=size_mb,
         interval=interval,
         steps=steps,
         saves=len(points.blocking),
-        saves_written=stats.saves - 1 if stats is not None else 0,  # less the warm-up
-        saves_skipped=stats.skipped - (1 if mode == "Async" else 0) if stats is not None else 0,
+        saves_written=stats.saves - warm_up_saves if stats is not None else 0,
+        saves_skipped=stats.skipped if stats is not None else 0,
         wall_seconds=wall,
         step_seconds=in_steps,
         efficiency=in_steps / wall,
