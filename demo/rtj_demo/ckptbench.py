@@ -3,21 +3,28 @@
 For each state size and checkpoint interval it runs the same loop three times, in one process: no
 saves (the baseline), synchronous saves and async saves, all through the trainer's own
 `rtj_trainer.checkpoint.CheckpointManager` (the code that runs in the job: per-rank shard, fsync,
-done file, commit marker; async saves stage into shared memory and hand off to NVRx's writer
-process). It reports:
+done file, commit marker). Async saves run as the trainer drives them: every save point copies the
+state into host memory on a background thread (the memory tier), overlapping the next step, and the
+loop calls `wait_staged()` before it changes the state in place; the copy is written by NVRx's writer
+process when the writer is free (`ready_to_write()`), otherwise the save point is skipped and the
+durable checkpoint stays at most one write behind. It reports:
 
 - training efficiency = time spent in steps / wall time of the loop (the AWS sample's measure); the
   wait for the last save to be durable after the loop is reported apart (`final_flush_seconds`);
-- blocking time per save (how long `save()` holds the loop) against the floor: a plain in-memory
-  copy of the same state into a preallocated buffer, the least any consistent save must block.
+- blocking time per save point (the save call, plus the wait for its copy before the next update),
+  split into waiting for the copy and waiting for the writer, against the floor: a plain in-memory
+  copy of the same state into a preallocated buffer;
+- saves written and skipped, and how far the newest committed checkpoint was behind at a save point.
 
 A step is emulated by `--step-seconds` of sleep plus an in-place update of the state: it stands for
-an accelerator-bound step, where the host thread waits on the GPU while the writer process has the
-CPU. Real training steps are measured by the goodput benchmark and the trainer's own benchmark.
+an accelerator-bound step, where the host thread waits on the GPU while the copy thread and the
+writer process have the CPU. Real training steps are measured by the goodput benchmark and the
+trainer's own benchmark.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -61,15 +68,62 @@ class LoopResult:
     size_mb: int
     interval: int
     steps: int
-    saves: int
+    saves: int  # save points
+    saves_written: int  # durable saves
+    saves_skipped: int  # Async: save points that found the writer busy, kept in host memory only
     wall_seconds: float
     step_seconds: float  # time inside steps
     efficiency: float
-    blocking_mean_seconds: float
+    blocking_mean_seconds: float  # per save point: the save call plus the wait for its copy
     blocking_max_seconds: float
-    waiting_previous_mean_seconds: float  # part of the blocking spent waiting for the previous write
+    copy_wait_mean_seconds: float  # part of the blocking: the copy had not finished by the next update
+    writer_wait_mean_seconds: float  # part of the blocking: no staging buffer free of the writer
+    durable_lag_max_steps: int  # at a save point, how far the newest committed checkpoint was behind
     copy_floor_seconds: float
     final_flush_seconds: float  # waiting for the last save to be durable, after the loop
+
+
+@dataclass
+class _SavePoints:
+    blocking: list[float]
+    copy_waits: list[float]
+    writer_waits: list[float]
+    lags: list[int]
+
+
+def _manager(root: Path, mode: str, state: dict[str, torch.Tensor]) -> Any:
+    from rtj_trainer.checkpoint import CheckpointManager
+
+    if mode == "none":
+        return None
+    asynchronous = mode == "Async"
+    manager = CheckpointManager(
+        root / mode, rank=0, world_size=1, asynchronous=asynchronous, keep=2, stage_in_background=asynchronous
+    )
+    # A warm-up, not timed: the first async save starts NVRx's writer process (seconds), and a second
+    # one while the writer is busy allocates the second staging buffer; both buffers go through the
+    # writer once. One-off costs per training process.
+    manager.save(0, state, {"step": 0})
+    if asynchronous:
+        manager.wait_staged()
+        manager.save(0, state, {"step": 0})
+        manager.wait_staged()
+    manager.wait(timeout=None)
+    manager.poll()
+    return manager
+
+
+def _save_point(manager: Any, step: int, state: dict[str, torch.Tensor], points: _SavePoints) -> None:
+    # Write only when the writer is free: a save point that finds it busy copies the state into host
+    # memory (the memory tier) and the durable checkpoint stays at most one write behind.
+    write = manager.ready_to_write()
+    committed = manager.last_committed
+    points.lags.append(step - (committed.step if committed is not None else 0))
+    writer_waited = manager.stats.total_writer_wait_seconds
+    manager.save(step, state, {"step": step}, write=write)
+    points.blocking.append(manager.stats.last_blocking_seconds)
+    points.writer_waits.append(manager.stats.total_writer_wait_seconds - writer_waited)
+    points.copy_waits.append(0.0)
 
 
 def run_loop(
@@ -83,65 +137,67 @@ def run_loop(
     floor: float,
     size_mb: int,
 ) -> LoopResult:
-    from rtj_trainer.checkpoint import CheckpointManager
-
-    manager = None
-    if mode != "none":
-        manager = CheckpointManager(root / mode, rank=0, world_size=1, asynchronous=mode == "Async", keep=2)
-        # A warm-up save, not timed: the first async save starts NVRx's writer process (seconds),
-        # a one-off cost per training process rather than per save.
-        manager.save(0, state, {"step": 0})
-        manager.wait(timeout=None)
-        manager.poll()
-    blocking: list[float] = []
-    waits: list[float] = []
+    manager = _manager(root, mode, state)
+    points = _SavePoints([], [], [], [])
     in_steps = 0.0
     started = time.perf_counter()
     try:
         for step in range(1, steps + 1):
             t0 = time.perf_counter()
             time.sleep(step_seconds)
+            in_steps += time.perf_counter() - t0
+            if manager is not None:
+                # The state changes next, as in opt.step(): the last save's copy must be complete.
+                manager.wait_staged()
+                if points.copy_waits and manager.stats.last_copy_wait_seconds > 0:
+                    points.copy_waits[-1] += manager.stats.last_copy_wait_seconds
+                    points.blocking[-1] += manager.stats.last_copy_wait_seconds
+            t1 = time.perf_counter()
             # Every step changes the state, as an optimizer step does: a save must copy it.
             for tensor in state.values():
                 tensor[:1024].add_(1.0)
-            in_steps += time.perf_counter() - t0
+            in_steps += time.perf_counter() - t1
             if manager is not None:
                 if step % interval == 0:
-                    # Split the blocking: waiting for the previous write (the interval was shorter
-                    # than a write) and the save call itself (the copy into staging, or the write).
-                    t1 = time.perf_counter()
-                    manager.wait(timeout=None)
-                    waited = time.perf_counter() - t1
-                    manager.save(step, state, {"step": step})
-                    waits.append(waited)
-                    blocking.append(waited + manager.stats.last_blocking_seconds)
+                    _save_point(manager, step, state, points)
                 manager.poll()
         wall = time.perf_counter() - started
         flush_started = time.perf_counter()
         if manager is not None:
             # The last save must be durable before the run ends; timed apart from the loop, as a
             # one-off cost at the end of training that a long run amortizes.
+            manager.wait_staged()
             manager.wait(timeout=None)
             manager.poll()
         flush = time.perf_counter() - flush_started
     finally:
         if manager is not None:
             manager.close()
+    stats = manager.stats if manager is not None else None
+    warm_up_saves = 2 if mode == "Async" else 1
     return LoopResult(
         mode=mode,
         size_mb=size_mb,
         interval=interval,
         steps=steps,
-        saves=len(blocking),
+        saves=len(points.blocking),
+        saves_written=stats.saves - warm_up_saves if stats is not None else 0,
+        saves_skipped=stats.skipped if stats is not None else 0,
         wall_seconds=wall,
         step_seconds=in_steps,
         efficiency=in_steps / wall,
-        blocking_mean_seconds=statistics.fmean(blocking) if blocking else 0.0,
-        blocking_max_seconds=max(blocking, default=0.0),
-        waiting_previous_mean_seconds=statistics.fmean(waits) if waits else 0.0,
+        blocking_mean_seconds=_mean(points.blocking),
+        blocking_max_seconds=max(points.blocking, default=0.0),
+        copy_wait_mean_seconds=_mean(points.copy_waits),
+        writer_wait_mean_seconds=_mean(points.writer_waits),
+        durable_lag_max_steps=max(points.lags, default=0),
         copy_floor_seconds=floor,
         final_flush_seconds=flush,
     )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
 
 
 def run(
@@ -183,7 +239,8 @@ def run(
 def format_table(results: Sequence[LoopResult]) -> str:
     header = (
         f"{'state':>8} {'every':>6} {'sync eff':>9} {'async eff':>9} {'sync block':>11} "
-        f"{'async block':>12} {'(waiting)':>10} {'copy floor':>11}"
+        f"{'async block':>12} {'(copy)':>9} {'(writer)':>9} {'written/skipped':>16} {'lag':>5} "
+        f"{'copy floor':>11}"
     )
     lines = [header, "-" * len(header)]
     by_key: dict[tuple[int, int], dict[str, LoopResult]] = {}
@@ -196,10 +253,18 @@ def format_table(results: Sequence[LoopResult]) -> str:
         lines.append(
             f"{size:>5} MiB {interval:>6} {sync.efficiency:>9.1%} {asyn.efficiency:>9.1%} "
             f"{sync.blocking_mean_seconds * 1000:>8.1f} ms {asyn.blocking_mean_seconds * 1000:>9.1f} ms "
-            f"{asyn.waiting_previous_mean_seconds * 1000:>7.1f} ms {asyn.copy_floor_seconds * 1000:>8.1f} ms"
+            f"{asyn.copy_wait_mean_seconds * 1000:>6.1f} ms {asyn.writer_wait_mean_seconds * 1000:>6.1f} ms "
+            f"{asyn.saves_written:>8}/{asyn.saves_skipped:<7} {asyn.durable_lag_max_steps:>5} "
+            f"{asyn.copy_floor_seconds * 1000:>8.1f} ms"
         )
     return "\n".join(lines)
 
 
 def to_json(results: Sequence[LoopResult], settings: dict[str, Any]) -> dict[str, Any]:
-    return {"benchmark": "checkpoint", "settings": settings, "results": [asdict(r) for r in results]}
+    return {
+        "benchmark": "checkpoint",
+        "settings": settings,
+        # 1, 5 and 15-minute load averages at the end: the copy and the writer compete for the cores.
+        "load_average": list(os.getloadavg()),
+        "results": [asdict(r) for r in results],
+    }

@@ -166,6 +166,11 @@ def test_checkpoint_benchmark_runs_sync_and_async_saves(tmp_path: Path) -> None:
     assert set(modes) == {"none", "Sync", "Async"}
     assert modes["none"].saves == 0
     assert modes["Sync"].saves == modes["Async"].saves == 2
+    # Sync saves always write; an async save point either writes or is skipped (its writer busy).
+    assert (modes["Sync"].saves_written, modes["Sync"].saves_skipped) == (2, 0)
+    assert modes["Async"].saves_written + modes["Async"].saves_skipped == 2
+    assert modes["Async"].saves_written >= 1
+    assert all(r.durable_lag_max_steps >= 3 for r in (modes["Sync"], modes["Async"]))
     assert all(0 < r.efficiency <= 1 for r in results)
     assert modes["Sync"].blocking_mean_seconds > 0 and modes["Async"].blocking_mean_seconds > 0
     assert "4 MiB" in ckptbench.format_table(results)
@@ -176,6 +181,7 @@ def test_checkpoint_benchmark_runs_sync_and_async_saves(tmp_path: Path) -> None:
     (written,) = tmp_path.glob("checkpoint-*.json")
     data = json.loads(written.read_text())
     assert data["benchmark"] == "checkpoint" and len(data["results"]) == 3
+    assert len(data["load_average"]) == 3
 
 
 def test_merge_patch_merges_mappings_and_removes_on_none() -> None:

@@ -14,9 +14,22 @@ the newest ``keep`` committed directories and any partial one older than the new
 
 Saves copy the state into a staging buffer of preallocated shared-memory CPU tensors before the
 writer process sees it: the writer then reads bytes equal to the state at the save call while
-training keeps changing the parameters (without a copy NVRx's writer reads live tensors). The
-staging buffer is reused, so a save first finalizes the previous one. ``rtj_trainer.nvrx_compat``
-holds the writer; ``rtj_trainer.train`` drives the manager once per step.
+training keeps changing the parameters (without a copy NVRx's writer reads live tensors).
+
+Async saves overlap training three ways:
+
+* the copy runs on a background thread (CUDA state: on a side stream) when the manager is built with
+  ``stage_in_background``; the trainer calls ``wait_staged()`` before it next changes the state in
+  place (before ``opt.step()``), which blocks only if the copy has not finished;
+* two staging buffers: one the writer reads, one for the newest copy. A durable save that finds the
+  writer busy waits in the second buffer and is handed over when the writer frees up; only a third
+  save while both are taken waits for the writer;
+* a save point whose writer is still busy on some rank can be skipped on every rank alike
+  (``ready_to_write_everywhere()`` then ``save(write=False)``): the state is copied into host memory
+  only, and the durable checkpoint stays at most one write behind. Skipping must be agreed: a step
+  commits only once every rank wrote it, so ranks that skipped different steps would commit none.
+
+``rtj_trainer.nvrx_compat`` holds the writer; ``rtj_trainer.train`` drives the manager once per step.
 """
 
 from __future__ import annotations
@@ -30,10 +43,12 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import torch
+import torch.distributed as dist
 
 from rtj_trainer.nvrx_compat import AsyncWriter, write_shard_durably
 
@@ -42,6 +57,7 @@ log = logging.getLogger(__name__)
 COMMIT_MARKER: Final = "COMMITTED"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _DONE_FILE = re.compile(r"^rank-(\d+)\.done$")
+_T = TypeVar("_T")
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -189,19 +205,133 @@ class StagingBuffer:
         return staged
 
 
+def _cuda_device(state: Mapping[str, torch.Tensor]) -> torch.device | None:
+    return next((t.device for t in state.values() if t.is_cuda), None)
+
+
+class _Stager:
+    """Copies the state into a staging buffer, inline or on a background thread.
+
+    torch's copy releases the GIL, so a background copy overlaps the next step's compute. CUDA
+    state is copied on a side stream that first waits for the work queued before the save (the
+    step that produced the state), so the training stream goes on while the device-to-host copy
+    runs.
+    """
+
+    def __init__(self, background: bool) -> None:
+        self.background = background
+        self._pool: ThreadPoolExecutor | None = None  # started by the first copy, again after close()
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+
+    def start(
+        self, buffer: StagingBuffer, state: Mapping[str, torch.Tensor]
+    ) -> Future[dict[str, torch.Tensor]]:
+        if not self.background:
+            done: Future[dict[str, torch.Tensor]] = Future()
+            done.set_result(buffer.stage(state))
+            return done
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rtj-ckpt-stage")
+        state = dict(state)  # the caller may rebind its entries; the tensors themselves stay
+        device = _cuda_device(state)
+        if device is None:
+            return self._pool.submit(buffer.stage, state)
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        produced = torch.cuda.current_stream(device).record_event()
+        return self._pool.submit(self._stage_on_stream, buffer, state, stream, produced)
+
+    @staticmethod
+    def _stage_on_stream(
+        buffer: StagingBuffer,
+        state: Mapping[str, torch.Tensor],
+        stream: torch.cuda.Stream,
+        produced: torch.cuda.Event,
+    ) -> dict[str, torch.Tensor]:
+        with torch.cuda.stream(stream):
+            stream.wait_event(produced)
+            staged = buffer.stage(state)
+        stream.synchronize()
+        return staged
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class _Chores:
+    """Durability bookkeeping: ``.done`` files, commits, pruning, re-reading the newest commit.
+
+    Each is fsyncs and directory listings on the shared volume, tens of milliseconds on a busy one:
+    for async saves they run on a background thread, in order, so they stay off the training
+    thread. Sync saves run them inline, as they write.
+    """
+
+    def __init__(self, background: bool) -> None:
+        self.background = background
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: list[Future[Any]] = []
+
+    def run(self, chore: Callable[[], _T]) -> Future[_T]:
+        if not self.background:
+            done: Future[_T] = Future()
+            done.set_result(chore())
+            return done
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rtj-ckpt-chores")
+        future = self._pool.submit(chore)
+        self._futures = [f for f in self._futures if not f.done()]
+        self._futures.append(future)
+        return future
+
+    def drain(self) -> None:
+        while self._futures:
+            self._futures.pop(0).result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._futures.clear()
+
+
+@dataclasses.dataclass(frozen=True)
+class _CommitCheck:
+    committed: list[int]  # steps this check committed
+    newest: CheckpointInfo | None  # the newest complete checkpoint it found; None: not re-read
+
+
+@dataclasses.dataclass
+class _Staged:
+    """The newest copy of the state in host memory, and whether it is to be written."""
+
+    step: int
+    buffer: StagingBuffer
+    copy: Future[dict[str, torch.Tensor]]
+    extra: dict[str, Any]
+    write: bool  # a durable save of this step was asked for and is not yet with the writer
+
+
 @dataclasses.dataclass
 class _Pending:
     step: int
     submitted: float
+    buffer: StagingBuffer
 
 
 @dataclasses.dataclass
 class SaveStats:
-    """Timings the progress report and the benchmark read."""
+    """Timings and counts the progress report and the benchmarks read."""
 
-    last_blocking_seconds: float = 0.0
-    total_blocking_seconds: float = 0.0
-    saves: int = 0
+    last_blocking_seconds: float = 0.0  # the last save() call: waiting for the writer, an inline copy
+    total_blocking_seconds: float = 0.0  # every save() call and every wait for a background copy
+    saves: int = 0  # durable saves asked for
+    skipped: int = 0  # save points that only refreshed the host copy: a writer was still busy
+    last_copy_wait_seconds: float = 0.0  # the last wait_staged(): a background copy not finished yet
+    total_copy_wait_seconds: float = 0.0
+    total_writer_wait_seconds: float = 0.0  # saves waiting for the writer to free a staging buffer
     last_write_seconds: float = 0.0
     writer_deaths: int = 0
 
@@ -218,7 +348,11 @@ class CheckpointManager:
         asynchronous: bool = True,
         keep: int = 3,
         keepalive: Callable[[], None] | None = None,
+        stage_in_background: bool = False,
     ) -> None:
+        """``stage_in_background``: async saves copy the state on a background thread and return at
+        once; the caller must then call :meth:`wait_staged` before it next changes the state in place
+        (the trainer: before ``opt.step()``). Off, the copy happens inside :meth:`save`."""
         self.root = Path(root)
         self.rank = rank
         self.world_size = world_size
@@ -228,11 +362,18 @@ class CheckpointManager:
         # is not hung, and must keep sending heartbeats to ft_launcher.
         self.keepalive = keepalive
         self.stats = SaveStats()
-        self._staging = StagingBuffer()
+        self._stager = _Stager(background=asynchronous and stage_in_background)
+        # Two staging buffers at most: one the writer reads, one for the newest copy. The second is
+        # allocated by the first save that finds the writer still busy.
+        self._buffers: list[StagingBuffer] = [StagingBuffer()]
+        self._staged: _Staged | None = None
         self._writer: AsyncWriter | None = None
         self._pending: _Pending | None = None
         self._uncommitted: list[int] = []  # rank 0: saved steps awaiting their commit
         self._last_refresh = time.monotonic()
+        self._chores = _Chores(background=asynchronous)
+        self._commit_check: Future[_CommitCheck] | None = None
+        self._done_marks: list[Future[None]] = []  # .done files being written
         self.last_committed: CheckpointInfo | None = newest_complete(self.root, world_size)
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -256,29 +397,153 @@ class CheckpointManager:
 
     # -- saving ---------------------------------------------------------------------------------
 
-    def save(self, step: int, tensors: Mapping[str, torch.Tensor], extra: Mapping[str, Any]) -> None:
-        """Save this rank's shard of ``step``; returns once the state is copied (async) or written (sync)."""
+    def ready_to_write(self) -> bool:
+        """Whether a durable save now would start writing at once: no write in flight or queued.
+
+        Non-blocking (it polls). One rank's answer; :meth:`ready_to_write_everywhere` agrees on it.
+        """
+        if not self.asynchronous:
+            return True
+        self.poll()
+        return self._pending is None and not self._write_queued()
+
+    def ready_to_write_everywhere(self, device: torch.device) -> bool:
+        """:meth:`ready_to_write` on every rank (a collective: every rank calls it at the same step).
+
+        Pass the result to :meth:`save` as ``write``: every rank then writes, or skips, the same
+        steps, so the steps written are complete on every rank and commit. Sync saves are always
+        ready: no collective (the mode is the same on every rank).
+        """
+        if not self.asynchronous:
+            return True
+        flag = torch.tensor([1 if self.ready_to_write() else 0], dtype=torch.int32, device=device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return int(flag[0]) == 1
+
+    def save(
+        self, step: int, tensors: Mapping[str, torch.Tensor], extra: Mapping[str, Any], *, write: bool = True
+    ) -> None:
+        """Save this rank's shard of ``step``.
+
+        Sync: written before it returns. Async: the state is copied into a staging buffer (inside
+        this call, or on a background thread when ``stage_in_background``) and written by the writer
+        process; a write still in flight delays it, and only a save that finds one write in flight
+        and another queued waits, for the first. ``write=False`` (a writer somewhere is still busy:
+        :meth:`ready_to_write_everywhere`) only refreshes the copy in host memory and counts the
+        save as skipped: the durable checkpoint stays at most one write behind the save points.
+        """
         started = time.perf_counter()
-        # The staging buffer is reused: the previous save must be on disk before it is overwritten.
-        self.wait(timeout=None)
-        step_dir(self.root, step).mkdir(parents=True, exist_ok=True)
-        path = shard_path(self.root, step, self.rank)
-        if self.asynchronous:
-            payload = self._payload(step, self._staging.stage(tensors), extra)
-            if self._writer is None:
-                self._writer = AsyncWriter(self.rank)
-            self._writer.submit(payload, str(path))
-            self._pending = _Pending(step, time.perf_counter())
+        if not self.asynchronous:
+            if write:
+                step_dir(self.root, step).mkdir(parents=True, exist_ok=True)
+                write_shard_durably(
+                    self._payload(step, dict(tensors), extra), str(shard_path(self.root, step, self.rank))
+                )
+                self._mark_done(step)
+                self._saved(step)
+            else:
+                self.stats.skipped += 1
+            self._count_blocking(started)
+            return
+        # The previous copy finished long ago in a training loop (wait_staged() before its update).
+        self.wait_staged()
+        started = time.perf_counter()
+        # A write queued behind the one in flight keeps its buffer: the copy in host memory is then
+        # the queued one, and a skipped save does not refresh it.
+        buffer = None if not write and self._write_queued() else self._free_buffer(wait=write)
+        if buffer is None:
+            self.stats.skipped += 1
+            self._count_blocking(started)
+            return
+        if write:
+            step_dir(self.root, step).mkdir(parents=True, exist_ok=True)
+            self._saved(step)
         else:
-            payload = self._payload(step, dict(tensors), extra)
-            write_shard_durably(payload, str(path))
-            self._mark_done(step)
-        blocking = time.perf_counter() - started
-        self.stats.last_blocking_seconds = blocking
-        self.stats.total_blocking_seconds += blocking
+            self.stats.skipped += 1
+        self._staged = _Staged(step, buffer, self._stager.start(buffer, tensors), dict(extra), write)
+        self._submit_staged()
+        self._count_blocking(started)
+
+    def wait_staged(self) -> None:
+        """Block until the last save's copy of the state is complete, then hand it to the writer.
+
+        Call it before changing the saved tensors in place (the trainer: before ``opt.step()``); it
+        returns at once when the copy already finished, as it has when it overlapped a step.
+        """
+        staged = self._staged
+        if staged is None:
+            return
+        started = time.perf_counter()
+        copy_wait = 0.0
+        if not staged.copy.done():
+            staged.copy.result()
+            copy_wait = time.perf_counter() - started
+        self._submit_staged()
+        self.stats.last_copy_wait_seconds = copy_wait
+        self.stats.total_copy_wait_seconds += copy_wait
+        self.stats.total_blocking_seconds += time.perf_counter() - started
+
+    def _saved(self, step: int) -> None:
         self.stats.saves += 1
         if self.is_committer:
             self._uncommitted.append(step)
+
+    def _count_blocking(self, started: float) -> None:
+        blocking = time.perf_counter() - started
+        self.stats.last_blocking_seconds = blocking
+        self.stats.total_blocking_seconds += blocking
+
+    def _write_queued(self) -> bool:
+        return self._staged is not None and self._staged.write
+
+    def _free_buffer(self, *, wait: bool) -> StagingBuffer | None:
+        """A staging buffer neither the writer reads nor a queued write holds; ``wait``: wait for the
+        writer when there is none, otherwise None."""
+        while True:
+            taken = {id(self._pending.buffer)} if self._pending is not None else set()
+            if self._write_queued():
+                assert self._staged is not None
+                taken.add(id(self._staged.buffer))
+            for buffer in self._buffers:
+                if id(buffer) not in taken:
+                    return buffer
+            if len(self._buffers) < 2:
+                self._buffers.append(StagingBuffer())
+                continue
+            if not wait:
+                return None
+            started = time.perf_counter()
+            self._wait_for_writer()
+            self.stats.total_writer_wait_seconds += time.perf_counter() - started
+
+    def _wait_for_writer(self) -> None:
+        """Until the write in flight is finalized (or its writer died); the queued one then starts."""
+        in_flight = self._pending
+        while in_flight is not None and self._pending is in_flight:
+            self.poll()
+            if self._pending is not in_flight:
+                break
+            if self.keepalive is not None:
+                self.keepalive()
+            time.sleep(0.005)
+
+    def _submit_staged(self) -> None:
+        """Hand the staged copy to the writer once it is complete and the writer is free."""
+        staged = self._staged
+        if staged is None or not staged.write or not staged.copy.done():
+            return
+        if self._pending is not None:
+            self._poll_writer()
+            if self._pending is not None:
+                return
+        tensors = staged.copy.result()
+        staged.write = False  # handed over; the buffer stays the newest host copy until reused
+        if self._writer is None:
+            self._writer = AsyncWriter(self.rank)
+        payload = self._payload(staged.step, tensors, staged.extra)
+        self._writer.submit(payload, str(shard_path(self.root, staged.step, self.rank)))
+        self._pending = _Pending(staged.step, time.perf_counter(), staged.buffer)
 
     def _payload(
         self, step: int, tensors: Mapping[str, torch.Tensor], extra: Mapping[str, Any]
@@ -301,6 +566,8 @@ class CheckpointManager:
 
     def discard_partials_after(self, step: int) -> list[Path]:
         """Delete uncommitted directories newer than ``step`` (rank 0, when resuming at ``step``)."""
+        self._chores.drain()  # no commit check may be listing a directory deleted below
+        self._collect_commit_check()
         removed = []
         for info in list_checkpoints(self.root):
             if info.step > step and not info.committed:
@@ -310,17 +577,24 @@ class CheckpointManager:
         return removed
 
     def poll(self) -> list[int]:
-        """Non-blocking: finalize a finished write, commit what is complete. Returns newly committed steps."""
+        """Non-blocking: finalize a finished write, start a queued one, commit what is complete.
+        Returns newly committed steps."""
+        self._poll_writer()
+        self._submit_staged()
+        self._marking_done()
+        return self._commit_ready()
+
+    def _poll_writer(self) -> None:
         if self._pending is None and self._writer is not None and self._writer.pending():
             self._writer.poll()  # the warm-up request
         if self._pending is not None and self._writer is not None:
             if self._writer.poll():
                 self.stats.last_write_seconds = time.perf_counter() - self._pending.submitted
-                self._mark_done(self._pending.step)
+                written = self._pending.step
+                self._done_marks.append(self._chores.run(lambda: self._mark_done(written)))
                 self._pending = None
             elif not self._writer.writer_alive():
                 self._writer_died()
-        return self._commit_ready()
 
     def _writer_died(self) -> None:
         assert self._pending is not None and self._writer is not None
@@ -335,35 +609,63 @@ class CheckpointManager:
         self._pending = None
 
     def _commit_ready(self) -> list[int]:
-        if not self.is_committer:
-            # Other ranks learn of commits from the volume, at most every few seconds.
+        """Collect the last commit check, start the next one (rank 0: while saves await their commit;
+        the other ranks: re-read the newest commit at most every few seconds)."""
+        committed = self._collect_commit_check()
+        if self._commit_check is not None:
+            return committed
+        if self.is_committer:
+            if self.last_committed is not None:
+                # A save abandoned by a dead writer never commits: forget it once a newer one did.
+                newest = self.last_committed.step
+                self._uncommitted = [s for s in self._uncommitted if s > newest]
+            if not self._uncommitted:
+                return committed
+            steps = list(self._uncommitted)
+            self._commit_check = self._chores.run(lambda: self._commit_steps(steps))
+        else:
             now = time.monotonic()
-            if now - self._last_refresh > 2.0:
-                self._last_refresh = now
-                self.last_committed = newest_complete(self.root, self.world_size)
+            if now - self._last_refresh <= 2.0:
+                return committed
+            self._last_refresh = now
+            self._commit_check = self._chores.run(
+                lambda: _CommitCheck([], newest_complete(self.root, self.world_size))
+            )
+        return committed + self._collect_commit_check()
+
+    def _commit_steps(self, steps: list[int]) -> _CommitCheck:
+        """Rank 0, off the training thread: commit what is complete, then prune."""
+        committed = []
+        for step in steps:
+            try:
+                if try_commit(self.root, step):
+                    committed.append(step)
+            except OSError:
+                continue  # the directory was discarded meanwhile (a resume chose an older step)
+        if not committed:
+            return _CommitCheck([], None)
+        newest = newest_complete(self.root)
+        prune(self.root, self.keep)
+        return _CommitCheck(committed, newest)
+
+    def _collect_commit_check(self) -> list[int]:
+        check = self._commit_check
+        if check is None or not check.done():
             return []
-        if not self._uncommitted:
-            return []
-        committed: list[int] = []
-        if self.last_committed is not None:
-            # A save abandoned by a dead writer never commits: forget it once a newer one did.
-            newest = self.last_committed.step
-            self._uncommitted = [s for s in self._uncommitted if s > newest]
-        for step in list(self._uncommitted):
-            if try_commit(self.root, step):
-                self._uncommitted.remove(step)
-                committed.append(step)
-        if committed:
-            self.last_committed = newest_complete(self.root)
-            prune(self.root, self.keep)
-        return committed
+        self._commit_check = None
+        result = check.result()
+        self._uncommitted = [s for s in self._uncommitted if s not in result.committed]
+        if result.newest is not None:
+            self.last_committed = result.newest
+        return result.committed
 
     def wait(self, timeout: float | None) -> bool:
-        """Block until this rank's pending write is finalized (or the writer died); False on timeout."""
+        """Block until this rank's durable saves are finalized (or their writer died): the copy, the
+        queued write and the write in flight. False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._pending is not None:
+        while self._writing():
             self.poll()
-            if self._pending is None:
+            if not self._writing():
                 break
             if deadline is not None and time.monotonic() > deadline:
                 return False
@@ -371,6 +673,16 @@ class CheckpointManager:
                 self.keepalive()
             time.sleep(0.01)
         return True
+
+    def _writing(self) -> bool:
+        """A durable save of this rank not finished: its copy, its write or its ``.done`` file."""
+        return self._pending is not None or self._write_queued() or self._marking_done()
+
+    def _marking_done(self) -> bool:
+        for mark in [m for m in self._done_marks if m.done()]:
+            self._done_marks.remove(mark)
+            mark.result()  # a .done file that could not be written fails the caller
+        return bool(self._done_marks)
 
     def wait_committed(self, step: int, timeout: float) -> bool:
         """Block until ``step`` is committed: rank 0 commits it once every shard is durable, the
@@ -388,6 +700,10 @@ class CheckpointManager:
             time.sleep(0.02)
 
     def close(self) -> None:
+        self._stager.close()
+        self._chores.close()
+        self._commit_check = None
+        self._done_marks.clear()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
