@@ -258,6 +258,8 @@ class Trainer:
             asynchronous=self.asynchronous,
             keep=self.env.checkpoint_keep,
             keepalive=self.heartbeats.keepalive,
+            # An async save's copy overlaps the next step's compute (wait_staged() before opt.step).
+            stage_in_background=True,
         )
 
     def _take_index(self, rank: int) -> None:
@@ -371,6 +373,10 @@ class Trainer:
                 logits.reshape(-1, self.cfg.vocab), targets.to(self.device).reshape(-1)
             )
             loss.backward()  # type: ignore[no-untyped-call]
+            # The previous save's copy of the state must be complete before the state changes; it may
+            # hand the copy to the writer's queue, so not half-way interrupted by a restart.
+            with call_wrapper.atomic() if call_wrapper is not None else contextlib.nullcontext():
+                self.ckpt.wait_staged()
             # Between here and the end of the step the shards are half-updated: not a state to resume.
             self.memory.consistent = False
             opt.step()
@@ -392,10 +398,13 @@ class Trainer:
             self.ckpt.start_writer()
             blocking = 0.0
             if (step + 1) % self.interval == 0 and step + 1 < steps:
+                # Every rank writes this save point or none does (a writer still busy: the state
+                # stays in memory only, the durable checkpoint one write behind).
+                write = self.ckpt.ready_to_write_everywhere(self.device)
                 # Not interrupted half-way by a restart: the writer's queue and the pending save
                 # must stay in step.
                 with call_wrapper.atomic() if call_wrapper is not None else contextlib.nullcontext():
-                    blocking = self._save(step + 1, loss_value)
+                    blocking = self._save(step + 1, loss_value, write=write)
             if self.ckpt.poll():
                 force = True
             self._update_progress(step + 1, step_seconds, blocking, loss_value)
@@ -519,9 +528,9 @@ class Trainer:
             print(event.log_line(), flush=True)
         return True
 
-    def _save(self, step: int, loss_value: float) -> float:
+    def _save(self, step: int, loss_value: float, *, write: bool = True) -> float:
         extra = {"usefulStepSeconds": self.memory.useful_seconds, "loss": loss_value}
-        self.ckpt.save(step, self.memory.tensors or {}, extra)
+        self.ckpt.save(step, self.memory.tensors or {}, extra, write=write)
         return self.ckpt.stats.last_blocking_seconds
 
     def _update_progress(self, step: int, step_seconds: float, blocking: float, loss_value: float) -> None:
