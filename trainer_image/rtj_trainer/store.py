@@ -30,8 +30,12 @@ WORLD_FORMED_KEY: Final = "rtj/world-formed"
 WORLD_FINISHED_KEY: Final = "rtj/world-finished"
 
 
-def serve(port: int, *, host: str = "0.0.0.0") -> list[Any]:
-    """Start the two servers (they serve from their own threads) and return them."""
+def serve(port: int, *, host: str = "127.0.0.1") -> list[Any]:
+    """Start the two servers (they serve from their own threads) and return them.
+
+    Each listens on every address of the pod; ``host`` is only where the server's own client
+    connects: the loopback address, which reaches the pod's listeners on Kubernetes and on the local
+    cluster alike (a client of 0.0.0.0 never connected there, and the store never came up)."""
     import torch.distributed as dist
 
     servers = []

@@ -75,10 +75,21 @@ def _groups_store(store_address: str, port: int, timeout: float) -> Any:
     )
 
 
-def world_formed(store_address: str, port: int, timeout: float = 30.0) -> bool:
+def world_formed(store_address: str, port: int, timeout: float = 600.0) -> bool:
     """Whether the world already formed (this pod replaces one it lost): asked of the store pod's
-    process-group store, where rank 0 sets the key when the first iteration starts."""
-    return bool(_groups_store(store_address, port, timeout).check([WORLD_FORMED_KEY]))
+    process-group store, where rank 0 sets the key when the first iteration starts. Retried while
+    the store pod is not serving yet (it may start after this pod), up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return bool(_groups_store(store_address, port, 10.0).check([WORLD_FORMED_KEY]))
+        except Exception as err:  # torch raises DistNetworkError/RuntimeError while it cannot connect
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the store pod at {store_address}:{port + PG_STORE_OFFSET} did not answer"
+                ) from err
+            log.info("waiting for the store pod at %s (%s)", store_address, type(err).__name__)
+            time.sleep(1.0)
 
 
 def stand_by(store_address: str, port: int, *, poll_seconds: float = 1.0) -> int:
