@@ -16,7 +16,10 @@ from rtj_operator import events, names
 from rtj_operator.main import EmbeddedOperator
 from test_operator_supervisor_cluster import free_port_pair
 
-pytestmark = [pytest.mark.slow, pytest.mark.local_cluster(nodes=6, profile="cpu", node_monitor_grace_seconds=3.0)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.local_cluster(nodes=6, profile="cpu", node_monitor_grace_seconds=3.0),
+]
 
 JOB = "sv"
 STEPS = 80

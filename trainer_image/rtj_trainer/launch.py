@@ -137,16 +137,9 @@ def _find_executable(name: str) -> str:
 
 def idle_as_spare() -> int:
     """Hold the node until the operator deletes the pod (SIGTERM)."""
-    released: list[int] = []
+    from rtj_trainer.supervisor import record_release_signals
 
-    # A handler that only records the signal, polled by the main thread in short sleeps: a
-    # blocked-signal wait covers one thread only (a signal delivered to another would kill the
-    # process), and a handler that raised could fire inside logging, which swallows exceptions.
-    def release(signum: int, _frame: object) -> None:
-        released.append(signum)
-
-    signal.signal(signal.SIGTERM, release)
-    signal.signal(signal.SIGINT, release)
+    released = record_release_signals()
     log.info("hot spare: holding the node until SIGTERM")
     while not released:
         time.sleep(0.5)

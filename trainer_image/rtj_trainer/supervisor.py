@@ -92,9 +92,11 @@ def world_formed(store_address: str, port: int, timeout: float = 600.0) -> bool:
             time.sleep(1.0)
 
 
-def stand_by(store_address: str, port: int, *, poll_seconds: float = 1.0) -> int:
-    """Hold the node until the world finishes (exit 0: this slot's part of the job is done, as its
-    replacement ranks finished it) or SIGTERM (the operator deletes the pod)."""
+def record_release_signals() -> list[int]:
+    """SIGTERM and SIGINT handlers that only record the signal in the list returned, for a main
+    thread that polls it in short sleeps: a blocked-signal wait covers one thread only (a signal
+    delivered to another would kill the process), and a handler that raised could fire inside
+    logging, which swallows exceptions."""
     released: list[int] = []
 
     def release(signum: int, _frame: object) -> None:
@@ -102,6 +104,13 @@ def stand_by(store_address: str, port: int, *, poll_seconds: float = 1.0) -> int
 
     signal.signal(signal.SIGTERM, release)
     signal.signal(signal.SIGINT, release)
+    return released
+
+
+def stand_by(store_address: str, port: int, *, poll_seconds: float = 1.0) -> int:
+    """Hold the node until the world finishes (exit 0: this slot's part of the job is done, as its
+    replacement ranks finished it) or SIGTERM (the operator deletes the pod)."""
+    released = record_release_signals()
     log.info("standing by until the world finishes or SIGTERM")
     store = None
     while not released:
