@@ -6,8 +6,9 @@ and inprocess.Wrapper, async checkpoints on a volume) with four faults: a Python
 hung rank (the in-process layer should recover both: the soft timeout interrupts the hung rank while
 its process lives), a SIGKILLed rank (ft_launcher's in-job restart), and a lost node (the operator
 replaces the worker). It shows live progress, then prints and saves the report (`report.json`,
-`timeline.png`, `operator.log`, `pods/*.log` in `--out`), cleans up, and exits non-zero unless every fault was recovered by its intended layer. See
-`rehearsal` for the machinery and `report` for the figures.
+`timeline.png`, `operator.log`, `pods/*.log` in `--out`), cleans up, and exits non-zero unless
+every fault was recovered by its intended layer. See `rehearsal` for the machinery and `report`
+for the figures.
 """
 
 from __future__ import annotations
