@@ -587,19 +587,25 @@ def _container(job: ResilientTrainingJob, uid: str, role: str, index: int) -> di
     return container
 
 
-def _pod(job: ResilientTrainingJob, uid: str, role: str, index: int, placement: Placement) -> dict[str, Any]:
-    spec = job.spec
-    name = names.pod_name(job.name, role, index)
-    pod_spec: dict[str, Any] = {
+def _base_pod_spec(job: ResilientTrainingJob, name: str, grace_seconds: int) -> dict[str, Any]:
+    """What every pod of the job shares: its DNS name under the job's Service, no restarts by the
+    kubelet, the trainer's ServiceAccount without a token (no pod calls the Kubernetes API: progress
+    goes out through the endpoint)."""
+    return {
         "hostname": name,
         "subdomain": names.service_name(job.name),
         "restartPolicy": "Never",
         "serviceAccountName": names.trainer_name(job.name),
-        # The trainer calls no Kubernetes API (progress goes out through its endpoint): no token.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
+        "terminationGracePeriodSeconds": grace_seconds,
     }
+
+
+def _pod(job: ResilientTrainingJob, uid: str, role: str, index: int, placement: Placement) -> dict[str, Any]:
+    spec = job.spec
+    name = names.pod_name(job.name, role, index)
+    pod_spec = _base_pod_spec(job, name, spec.termination_grace_period_seconds)
     if spec.scheduling.node_selector:
         pod_spec["nodeSelector"] = dict(spec.scheduling.node_selector)
     pod_spec["affinity"] = _affinity(job, placement.excluded_nodes, placement.node_name)
@@ -689,13 +695,7 @@ def render_store_pod(
     if annotations:
         metadata["annotations"] = annotations
     pod_spec: dict[str, Any] = {
-        "hostname": name,
-        "subdomain": names.service_name(job.name),
-        "restartPolicy": "Never",
-        "serviceAccountName": names.trainer_name(job.name),
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": STORE_TERMINATION_GRACE_SECONDS,
+        **_base_pod_spec(job, name, STORE_TERMINATION_GRACE_SECONDS),
         "affinity": _store_affinity(job, excluded_nodes),
         "tolerations": _store_tolerations(job),
     }

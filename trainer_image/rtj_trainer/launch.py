@@ -26,7 +26,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rtj_trainer import drain
 from rtj_trainer.endpoint import ProgressEndpoint
 from rtj_trainer.env import LAUNCH_MODE, LAUNCH_MODE_DIRECT, ROLE_SPARE, TrainerEnv
 from rtj_trainer.progress import PROGRESS_FILE_ENV
@@ -157,49 +155,17 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _exit_status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def supervise(argv: Sequence[str], env: dict[str, str], marker: Path) -> int:
     """Run ``argv`` (ft_launcher) as a child; on SIGTERM mark the drain first, then forward it.
 
     The child gets its own session: on a local cluster the kubelet signals the container's whole
     process group, and ft_launcher must hear of the SIGTERM only after the drain file exists (its
-    workers read it). Returns the exit status for the container.
+    workers read it). Returns the exit status for the container. The same supervision as the
+    supervisor mode's ranks, with one child.
     """
-    received: list[int] = []
-    child: list[subprocess.Popen[bytes]] = []
+    from rtj_trainer.supervisor import supervise_ranks
 
-    def forward(signum: int, _frame: object) -> None:
-        if signum == signal.SIGTERM:
-            marker.touch()
-        received.append(signum)
-        if child:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child[0].pid, signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    with contextlib.suppress(FileNotFoundError):
-        marker.unlink()
-    with contextlib.suppress(FileNotFoundError):
-        drain.step_file(marker).unlink()
-    child.append(
-        subprocess.Popen(argv, env={**env, drain.DRAIN_FILE_ENV: str(marker)}, start_new_session=True,
-                         preexec_fn=_die_with_parent)  # noqa: PLW1509 - single-threaded here
-    )  # fmt: skip
-    if received:  # a signal that came before the child existed
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child[0].pid, received[0])
-    status = _exit_status(child[0].wait())
-    if signal.SIGTERM in received and status != 0:
-        message = drain.termination_message(marker)
-        log.info("%s", message)
-        drain.write_termination_message(message)
-        if drain.step_file(marker).exists():
-            return drain.DRAINED_EXIT_CODE
-    return status
+    return supervise_ranks(argv, [env], marker, preexec=_die_with_parent)
 
 
 def _cpu_only() -> bool:

@@ -148,8 +148,9 @@ def supervise_ranks(
     *,
     preexec: Callable[[], None] | None = None,
 ) -> int:
-    """Run one process per environment; forward SIGTERM (after marking the drain) to all of them;
-    wait for all; return the pod's status (``pod_status``)."""
+    """Run one process per environment, each in its own session; forward SIGTERM (after marking
+    the drain) to all of them, also one that came before they existed; wait for all; return the
+    pod's status (``pod_status``), or the drain's when a SIGTERM ended a failing run."""
     received: list[int] = []
     children: list[subprocess.Popen[bytes]] = []
 
@@ -172,7 +173,7 @@ def supervise_ranks(
             subprocess.Popen(list(command), env={**rank_env, drain.DRAIN_FILE_ENV: str(marker)},
                              start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509 - no threads yet
         )  # fmt: skip
-    if received:
+    if received:  # a signal that came before the children existed
         for child in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, received[0])
