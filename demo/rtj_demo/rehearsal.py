@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
+from rtj_localcluster.ports import reserve_port
 from rtj_operator.constants import GROUP, LABEL_JOB, PLURAL, VERSION
 
 from rtj_demo.report import FaultRecord, RecoveryRecord
@@ -117,13 +117,6 @@ class JobResult:
     finished: bool
     message: str = ""
     manifests: list[dict[str, Any]] = field(default_factory=list)  # what was submitted
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def load_example() -> dict[str, Any]:
@@ -582,7 +575,7 @@ def run_job(
     `driver` says what kind of job runs the training (default: a ResilientTrainingJob)."""
     job = driver if driver is not None else OperatorJob(stack, settings.name)
     example = load_example()
-    manifest = build_job(example, settings, rendezvous_port=free_port())
+    manifest = build_job(example, settings, rendezvous_port=reserve_port())
     submitted = time.time()
     for note in job.submit(manifest):
         on_note(note)

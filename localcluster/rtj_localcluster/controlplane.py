@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -35,6 +34,7 @@ import yaml
 from .binaries import program
 from .certs import CertPair, Pki, ensure_pki
 from .marks import signal_matching
+from .ports import PortClaim
 
 log = logging.getLogger(__name__)
 
@@ -66,20 +66,14 @@ class ControlPlaneSettings:
     the Metadata level) to ``audit_log_path``: how a test sees exactly which permissions a client used."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _ports(path: Path, api_port: int) -> dict[str, int]:
-    """The components' ports: those a previous start chose, else free ones (API: ``api_port``)."""
+def _ports(path: Path, api_port: int, claim: PortClaim) -> dict[str, int]:
+    """The components' ports, each claimed until the control plane stops: those a previous start
+    chose where they are still free, else new ones (API: ``api_port`` as given)."""
     known: dict[str, int] = {}
     with contextlib.suppress(OSError, ValueError):
         known = {k: int(v) for k, v in json.loads(path.read_text()).items()}
-    ports = {name: known.get(name) or free_port() for name in COMPONENT_PORTS}
-    if api_port:
-        ports["apiserver"] = api_port
+    ports = {name: claim.take(known.get(name, 0)) for name in COMPONENT_PORTS if name != "apiserver"}
+    ports["apiserver"] = api_port or claim.take(known.get("apiserver", 0))
     path.write_text(json.dumps(ports))
     return ports
 
@@ -120,6 +114,7 @@ class ControlPlane:
         self.logs = self.dir / "logs"
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
+        self._port_claim = PortClaim()
         self.pki: Pki | None = None
         self.start_seconds: float | None = None
 
@@ -161,7 +156,7 @@ class ControlPlane:
         started = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
-        self.ports = _ports(self.dir / "ports.json", self.settings.api_port)
+        self.ports = _ports(self.dir / "ports.json", self.settings.api_port, self._port_claim)
         self.pki = ensure_pki(self.dir / "pki", SERVICE_IP)
         self.kubeconfig_for("admin", ADMIN_USER, ("system:masters",))
         deadline = started + self.settings.start_timeout_seconds
@@ -182,6 +177,7 @@ class ControlPlane:
         clients = [name for name in self._processes if name != "etcd"]
         self._terminate(clients, grace_seconds=5)
         self._terminate([name for name in self._processes if name == "etcd"], grace_seconds=15)
+        self._port_claim.release()
 
     def _terminate(self, names: list[str], grace_seconds: float) -> None:
         for name in names:

@@ -24,7 +24,7 @@ import yaml
 from chart_support import CHART
 from prometheus_client.parser import text_string_to_metric_families
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.controlplane import free_port
+from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import create_namespace, kubectl, wait_for
 from rtj_operator import constants
 
@@ -93,7 +93,11 @@ def installed(local_cluster: LocalCluster, tmp_path: Path) -> Iterator[Installed
     # One replica (with leader election, as installed by default): the local cluster's pods share
     # the host's ports, so two replicas would clash on them. Two replicas are tested as processes
     # in tests/operator/test_operator_ha.py.
-    values = {"replicaCount": 1, "operator": {"healthPort": free_port()}, "metrics": {"port": free_port()}}
+    values = {
+        "replicaCount": 1,
+        "operator": {"healthPort": reserve_port()},
+        "metrics": {"port": reserve_port()},
+    }
     try:
         result = config.install(CHART, RELEASE, values, namespace=namespace, timeout=120)
         assert result["status"] == "deployed"

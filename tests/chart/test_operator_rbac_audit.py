@@ -25,7 +25,7 @@ import yaml
 from chart_support import CHART
 from rtj_localcluster.binaries import program
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.controlplane import free_port
+from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import create_namespace, kubectl, wait_for
 from rtj_operator import events
 
@@ -149,8 +149,8 @@ def audited(local_cluster: LocalCluster) -> Iterator[tuple[LocalCluster, str, st
     values = {
         "replicaCount": 1,
         "nodeSelector": {"kubernetes.io/hostname": local_cluster.node_names[0]},
-        "operator": {"healthPort": free_port()},
-        "metrics": {"port": free_port()},
+        "operator": {"healthPort": reserve_port()},
+        "metrics": {"port": reserve_port()},
         "nodeTainting": {"enabled": True},
         "fsx": {"allowedFileSystems": {team: [FS_ALLOWED]}},
     }

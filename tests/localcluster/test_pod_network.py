@@ -15,6 +15,7 @@ from rtj_localcluster import kubelet as kubelet_module
 from rtj_localcluster import podnet
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
+from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import create_namespace, require_podnet, wait_for
 
 pytestmark = pytest.mark.slow
@@ -51,13 +52,6 @@ import time
 while True:
     time.sleep(1)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def pod(name: str, script: str, *args: str, ports: tuple[int, ...] = ()) -> dict[str, Any]:
@@ -104,7 +98,7 @@ def answer(ip: str, port: int) -> str:
 
 def test_two_pods_listen_on_the_same_port_of_all_addresses(api: SyncKubeClient, namespace: str) -> None:
     require_podnet()
-    port = free_port()
+    port = reserve_port()
     api.create(path_for("pods", namespace), pod("ipv4", SERVER, str(port), "0.0.0.0"))
     api.create(path_for("pods", namespace), pod("dualstack", SERVER, str(port), "::"))
     ips = {name: running_ip(api, namespace, name) for name in ("ipv4", "dualstack")}
@@ -117,7 +111,7 @@ def test_two_local_clusters_pods_on_the_same_port(
     shared_local_cluster: LocalCluster, local_cluster: LocalCluster, api: SyncKubeClient, namespace: str
 ) -> None:
     require_podnet()
-    port = free_port()
+    port = reserve_port()
     api.create(path_for("pods", namespace), pod("first", SERVER, str(port), "0.0.0.0"))
     other_ns = create_namespace(local_cluster.kubeconfig_path, "net")
     with SyncKubeClient(local_cluster.kubeconfig_path) as other:
@@ -132,7 +126,7 @@ def test_two_torch_stores_on_the_same_port(api: SyncKubeClient, namespace: str) 
     from torch.distributed import TCPStore
 
     require_podnet()
-    port = free_port()
+    port = reserve_port()
     for name in ("store-a", "store-b"):
         api.create(path_for("pods", namespace), pod(name, STORE, str(port)))
     for name in ("store-a", "store-b"):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from rtj_localcluster import podnet
+from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import require_podnet
 
 # Binds the wildcard (argv[2]: "0.0.0.0", a dual-stack "::" or an IPv6-only "::") on port argv[1],
@@ -39,13 +40,6 @@ def library() -> Path:
     return require_podnet()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def probe(library: Path, pod_ip: str, port: int, how: str) -> list[str]:
     env = {**os.environ, "LD_PRELOAD": str(library), podnet.POD_IP_ENV: pod_ip}
     command = [sys.executable, "-c", PROBE, str(port), how]
@@ -55,7 +49,7 @@ def probe(library: Path, pod_ip: str, port: int, how: str) -> list[str]:
 
 
 def test_the_wildcard_is_the_pod_ip_and_localhost_reaches_it(library: Path) -> None:
-    port = free_port()
+    port = reserve_port()
     # The port is held on 127.0.0.1 meanwhile: the pods' binds do not touch it.
     with socket.create_server(("127.0.0.1", port)):
         assert probe(library, "127.0.250.1", port, "0.0.0.0") == ["127.0.250.1", "127.0.250.1"]
@@ -85,7 +79,7 @@ def test_allocators_hold_distinct_blocks(tmp_path: Path) -> None:
 
 
 def test_taken_ports_skips_listeners_of_the_same_owner() -> None:
-    port = free_port()
+    port = reserve_port()
     env = {**os.environ, podnet.OWNER_ENV: "job-uid"}
     script = (
         f"import socket, time\ns = socket.create_server(('0.0.0.0', {port}))\n"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -12,16 +11,10 @@ from pathlib import Path
 
 import pytest
 from operator_cluster import apply, install_crd, job_manifest, new_namespace, wait_state
+from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import kubectl, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def fetch(url: str) -> str | None:
@@ -36,7 +29,7 @@ def fetch(url: str) -> str | None:
 def test_operator_command_serves_jobs_liveness_and_metrics(kubeconfig: Path, tmp_path: Path) -> None:
     install_crd(kubeconfig)
     namespace = new_namespace(kubeconfig)
-    liveness, metrics_port = free_port(), free_port()
+    liveness, metrics_port = reserve_port(), reserve_port()
     log = (tmp_path / "operator.log").open("w")
     process = subprocess.Popen(
         [

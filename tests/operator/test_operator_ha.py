@@ -36,12 +36,13 @@ from operator_cluster import (
     wait_state,
 )
 from rtj_localcluster.cluster import LocalCluster
+from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import kubectl, wait_for
 from rtj_operator import constants, events
 from rtj_operator.main import EXIT_LOST, EmbeddedOperator, RuntimeOptions
 from rtj_operator.runtime.leader import LeaderElectionSettings
 from rtj_operator.runtime.sight import SightSettings
-from test_operator_command import fetch, free_port
+from test_operator_command import fetch
 
 pytestmark = pytest.mark.slow
 CPU_CLUSTER = pytest.mark.local_cluster(nodes=3, profile="cpu", node_monitor_grace_seconds=3.0)
@@ -85,7 +86,7 @@ class Replica:
         namespace: str = "default",
         extra: tuple[str, ...] = (),
     ) -> None:
-        self.name, self.health_port, self.metrics_port = name, free_port(), free_port()
+        self.name, self.health_port, self.metrics_port = name, reserve_port(), reserve_port()
         self._log = log.open("w")
         self.process = subprocess.Popen(
             [
@@ -196,7 +197,7 @@ def test_silent_stall_and_outage_neither_blind_the_operator_nor_fool_its_livenes
     stall is not lifted before the operator has replaced the worker. Then a full outage: liveness
     fails during it and passes again after it."""
     kc = cluster.kubeconfig_path
-    port = free_port()
+    port = reserve_port()
     options = RuntimeOptions(sight=SightSettings(stale_after_seconds=10.0, ping_interval_seconds=2.0))
     with ApiProxy(cluster.url) as proxy:
         via = kubeconfig_via(kc, proxy, tmp_path / "via-proxy.kubeconfig")

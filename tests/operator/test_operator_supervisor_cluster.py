@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import stat
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 from operator_cluster import apply, event_reasons, install_crd, job_manifest, job_status, pods, wait_state
 from rtj_localcluster.cluster import LocalCluster
+from rtj_localcluster.ports import reserve_port_pair
 from rtj_localcluster.testing import kubectl, wait_for
 from rtj_operator import constants, events, names
 from rtj_operator.main import EmbeddedOperator
@@ -51,21 +51,6 @@ port = int(sys.argv[sys.argv.index("--port") + 1])
 servers = [socket.create_server(("", p)) for p in (port, port + 1)]
 time.sleep(3600)
 """
-
-
-def free_port_pair() -> int:
-    """A port P such that P and P + 1 are free now."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("", 0))
-            port = int(first.getsockname()[1])
-            with socket.socket() as second:
-                try:
-                    second.bind(("", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def logged(kubeconfig: Path, pod: str, line: str) -> bool:
@@ -106,7 +91,7 @@ def test_a_supervisor_job_keeps_its_store_apart_and_loses_worker_zeros_node_with
             "default",
             nodes=2,
             command=["python", "-c", WORKER_STAND_IN],
-            rendezvous={"port": free_port_pair()},
+            rendezvous={"port": reserve_port_pair()},
             faultTolerance={"launcher": "Supervisor"},
         )
         apply(kc, job, tmp_path)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from operator_cluster import apply, event_reasons, install_crd, job_manifest, job_status, pods, wait_state
 from rtj_localcluster.cluster import LocalCluster
+from rtj_localcluster.ports import reserve_port_pair
 from rtj_localcluster.testing import kubectl, wait_for
 from rtj_operator import events, names
 from rtj_operator.main import EmbeddedOperator
-from test_operator_supervisor_cluster import free_port_pair
 
 pytestmark = [
     pytest.mark.slow,
@@ -59,7 +59,7 @@ def test_every_fault_class_recovered_in_process_and_worker_zeros_node_loss_is_on
                 {"name": "RTJ_FAULTS", "value": faults},
                 {"name": "RTJ_PROGRESS_INTERVAL_SECONDS", "value": "1"},
             ],
-            rendezvous={"port": free_port_pair()},
+            rendezvous={"port": reserve_port_pair()},
             checkpoint={"intervalSteps": 20},
             faultTolerance={
                 "launcher": "Supervisor",

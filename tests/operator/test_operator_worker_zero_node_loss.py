@@ -17,6 +17,7 @@ import prometheus_client
 import pytest
 from operator_cluster import apply, event_reasons, install_crd, job_manifest, job_status, pods, wait_state
 from rtj_localcluster.cluster import LocalCluster
+from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import wait_for
 from rtj_operator import events
 from rtj_operator.main import EmbeddedOperator
@@ -58,14 +59,6 @@ def node_losses_counted() -> float:
     return prometheus_client.REGISTRY.get_sample_value("rtj_node_losses_total") or 0.0
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.local_cluster(nodes=4, profile="cpu", node_monitor_grace_seconds=3.0)
 def test_losing_worker_zeros_node_is_a_node_loss_and_the_job_still_succeeds(
     local_cluster: LocalCluster, tmp_path: Path
@@ -80,7 +73,7 @@ def test_losing_worker_zeros_node_is_a_node_loss_and_the_job_still_succeeds(
             "default",
             nodes=2,
             command=["python", "-c", STAND_IN],
-            rendezvous={"port": free_port()},
+            rendezvous={"port": reserve_port()},
             failurePolicy={"repeatOffenderThreshold": 1},
         )
         apply(kc, job, tmp_path)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import socket
 
 import pytest
 import torch.distributed as dist
 from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess.state import Mode
+from rtj_localcluster.ports import reserve_port_pair
 from rtj_trainer import store, supervisor
 from rtj_trainer.env import ACTIVE_WORLD_SIZE, EnvError, TrainerEnv
 from rtj_trainer.restart import ReplaceFromReserve, StoreClient, WorldBrokenError, reassign
@@ -140,25 +140,11 @@ def test_the_pods_status_from_its_ranks(codes: list[int], status: int) -> None:
     assert supervisor.pod_status(codes) == status
 
 
-def _free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no two free adjacent ports")
-
-
 def test_the_store_pod_serves_both_stores_and_tells_a_late_pod_the_world_formed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RANK", "0")  # the would-be host rank: it must not host
-    port = _free_port_pair()
+    port = reserve_port_pair()
     servers = store.serve(port, host="127.0.0.1")
     try:
         assert not supervisor.world_formed("127.0.0.1", port, timeout=10)
@@ -178,7 +164,7 @@ def test_the_store_pod_serves_both_stores_and_tells_a_late_pod_the_world_formed(
 
 def test_the_wrapper_store_never_hosts_even_on_rank_0(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "0")
-    port = _free_port_pair()
+    port = reserve_port_pair()
     with pytest.raises(Exception, match=r"(?i)timed out|connect|refused"):
         StoreClient(
             host_name="127.0.0.1",
@@ -193,7 +179,7 @@ def test_the_termination_barrier_takes_ranks_as_the_store_returns_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RANK", "2")
-    port = _free_port_pair()
+    port = reserve_port_pair()
     servers = store.serve(port, host="127.0.0.1")
     try:
         client = StoreClient(host_name="127.0.0.1", port=port, world_size=4, wait_for_workers=False)

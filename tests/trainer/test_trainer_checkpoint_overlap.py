@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from rtj_localcluster.ports import reserve_port
 from rtj_trainer import checkpoint
-from trainer_launch_support import free_port
 
 
 def _state(megabytes: int, seed: int) -> dict[str, torch.Tensor]:
@@ -149,7 +149,7 @@ def _value(step: int, rank: int, index: int) -> float:
 
 @pytest.mark.slow
 def test_ranks_agree_on_skipped_saves_so_only_steps_every_rank_wrote_commit(tmp_path: Path) -> None:
-    root, port = tmp_path / "ckpt", free_port()
+    root, port = tmp_path / "ckpt", reserve_port()
     ctx = multiprocessing.get_context("spawn")
     # Rank 1's shard is 64 times rank 0's: its writer is still busy when rank 0's is free.
     sizes = {0: 1, 1: 64}

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from rtj_localcluster.ports import reserve_port
 from rtj_trainer import endpoint, metrics, progress
-from trainer_launch_support import free_port
 
 BIN = Path(sys.executable).parent
 
@@ -102,7 +102,7 @@ def test_metrics_follow_prometheus_conventions_and_the_report() -> None:
 
 def test_endpoint_serves_the_report_and_knows_when_it_was_read(tmp_path: Path) -> None:
     path = tmp_path / "progress.json"
-    server = endpoint.ProgressEndpoint(path, free_port())
+    server = endpoint.ProgressEndpoint(path, reserve_port())
     assert server.start()
     try:
         base = f"http://127.0.0.1:{server.port}"
@@ -146,7 +146,7 @@ def launch(tmp_path: Path, script: str, port: int, **env: str) -> subprocess.Pop
 
 
 def test_launcher_keeps_a_finished_pod_up_until_its_final_report_is_read(tmp_path: Path) -> None:
-    port = free_port()
+    port = reserve_port()
     proc = launch(tmp_path, REPORT_THEN_EXIT, port, RTJ_PROGRESS_LINGER_SECONDS="120")
     try:
         deadline = time.monotonic() + 60
@@ -173,7 +173,7 @@ def test_without_a_port_the_sink_still_has_its_file_and_nothing_lingers(tmp_path
 
 
 def test_launcher_forwards_sigterm_and_exits_with_the_childs_status(tmp_path: Path) -> None:
-    port = free_port()
+    port = reserve_port()
     proc = launch(tmp_path, "import time; time.sleep(600)", port)
     try:
         deadline = time.monotonic() + 60

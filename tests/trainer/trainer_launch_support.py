@@ -7,20 +7,15 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from rtj_localcluster.ports import reserve_port
+
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def node_address(node_rank: int) -> str:
@@ -55,7 +50,7 @@ def launch_env(
     extra_env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment two "nodes" share (each adds its rank, address and TMPDIR in start_node)."""
-    port = free_port()
+    port = reserve_port()
     return {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -104,7 +99,7 @@ def start_node(
                 "TMPDIR": str(tmp),
                 "RTJ_NODE_RANK": str(node),
                 "RTJ_POD_IP": node_address(node),
-                "RTJ_PROGRESS_PORT": str(free_port()),
+                "RTJ_PROGRESS_PORT": str(reserve_port()),
             },
             stdout=log_file,
             stderr=subprocess.STDOUT,
