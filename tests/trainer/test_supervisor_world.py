@@ -21,25 +21,12 @@ from typing import Any
 
 import pytest
 from rtj_localcluster.marks import signal_matching
-from rtj_trainer.store import PG_STORE_OFFSET
+from rtj_localcluster.ports import reserve_port_pair
 
 BIN = Path(sys.executable).parent
 NODE_MARK = "RTJ_TEST_WORLD_NODE"
 STEPS = 90
 NPROC = 2
-
-
-def _free_port_pair() -> int:
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            with socket.socket() as b, contextlib.suppress(OSError):
-                b.bind(("127.0.0.1", port + PG_STORE_OFFSET))
-                return port
-    raise RuntimeError("no two free adjacent ports")
 
 
 @pytest.fixture
@@ -55,7 +42,7 @@ def _pod_env(tmp: Path, port: int, slot: int, slots: int, faults: str, scratch_r
     scratch = Path(tempfile.mkdtemp(prefix=f"{slot}-", dir=scratch_root))
     return {
         **os.environ,
-        NODE_MARK: f"{slot}",
+        NODE_MARK: _node_mark(tmp, slot),
         "TMPDIR": str(scratch),
         "RTJ_LAUNCH_MODE": "supervisor",
         "RTJ_ROLE": "worker" if slot < 2 else "spare",
@@ -116,9 +103,16 @@ def _start_pod(tmp: Path, env: dict[str, str], slot: int) -> subprocess.Popen[by
         )
 
 
-def _kill_node(slot: int) -> int:
+def _node_mark(tmp: Path, slot: int) -> str:
+    """The "node"'s mark: the test's own folder with the slot, so that parallel test workers' worlds
+    never match each other's."""
+    return f"{tmp}:{slot}"
+
+
+def _kill_node(tmp: Path, slot: int) -> int:
     """Every process of the "node": rtj-launch, its ranks, their NVRx monitor processes, writers."""
-    return signal_matching(signal.SIGKILL, lambda env: env.get(NODE_MARK) == str(slot))
+    mark = _node_mark(tmp, slot)
+    return signal_matching(signal.SIGKILL, lambda env: env.get(NODE_MARK) == mark)
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
@@ -141,7 +135,7 @@ def _events(tmp: Path) -> list[dict[str, Any]]:
 @pytest.mark.slow
 def test_every_fault_class_is_recovered_in_process_from_memory(tmp_path: Path, short_tmp: Path) -> None:
     faults = "exception@step=10,rank=1;sigkill@step=25,rank=2;hang@step=40,rank=3"
-    port = _free_port_pair()
+    port = reserve_port_pair()
     slots = 4
     pods: dict[int, subprocess.Popen[bytes]] = {}
     standby: subprocess.Popen[bytes] | None = None
@@ -155,7 +149,7 @@ def test_every_fault_class_is_recovered_in_process_from_memory(tmp_path: Path, s
             # under ft_launcher; here an ordinary loss.
             _wait(lambda: _max_step(tmp_path) >= 60, 400, "step 60")
             step_at_loss = _max_step(tmp_path)
-            killed = _kill_node(0)
+            killed = _kill_node(tmp_path, 0)
             assert killed >= 1 + 2 * NPROC  # rtj-launch, the ranks and their monitor processes
             lost_at = time.time()
             _wait(lambda: _max_step(tmp_path) > step_at_loss + 1, 120, "training after the loss")
@@ -172,7 +166,7 @@ def test_every_fault_class_is_recovered_in_process_from_memory(tmp_path: Path, s
             assert standby.wait(30) == 0
         finally:
             for slot in range(slots):
-                _kill_node(slot)
+                _kill_node(tmp_path, slot)
             for pod in [*pods.values(), *([standby] if standby is not None else [])]:
                 pod.wait(30)
     log0 = (tmp_path / "pod-0.log").read_text()
