@@ -6,6 +6,14 @@ ends Succeeded.
 One cluster (3 simulated p5.48xlarge nodes) serves every case: each case runs its job in a namespace
 of its own and heals the node it degraded. The workers wait for a file the test writes, so the job
 ends when the test says, not after a guessed time.
+
+Only the signal may move a worker here. The simulated nodes' kubelets share one event loop in the
+test's process; on a busy machine they can all miss heartbeats for a few seconds (killing the
+force-deleted pod's processes scans every process of the machine), and the control plane then reports
+every node Unknown. With the 2 s `nodeLossGraceSeconds` of the other cluster tests the operator
+rightly replaces the workers there too (`NodeLost` "Ready=Unknown"; worker 0's is a gang restart that
+can put worker 1 where worker 0 was). Node losses are other tests' subject: this job's grace outlasts
+the case.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from rtj_operator.main import EmbeddedOperator
 pytestmark = pytest.mark.slow
 
 HEALTH_LABEL = nodehealth.HYPERPOD_HEALTH_LABEL
+# Longer than a whole case: no heartbeat gap makes a node lost while it runs (see the docstring).
+NODE_LOSS_GRACE_SECONDS = 600
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +135,14 @@ def test_a_ready_node_with_a_health_signal_has_its_worker_replaced(
     namespace = new_namespace(kc)
     release = tmp_path / "release"
     command = _wait_for_file(release)
-    job = job_manifest("health", namespace, nodes=2, instanceType="p5.48xlarge", command=command)
+    job = job_manifest(
+        "health",
+        namespace,
+        nodes=2,
+        instanceType="p5.48xlarge",
+        command=command,
+        failurePolicy={"nodeLossGraceSeconds": NODE_LOSS_GRACE_SECONDS},
+    )
     victim = ""
     try:
         with EmbeddedOperator(str(kc), namespaces=[namespace]):
@@ -139,9 +156,11 @@ def test_a_ready_node_with_a_health_signal_has_its_worker_replaced(
                 timeout=180,
                 message=f"worker 1 to run off {victim} ({signal.name})",
             )
-            assert moved != placed["health-worker-0"]
-            # The node never stopped being Ready: the signal alone moved the worker.
-            assert cluster.node_ready_status(victim) == "True"
+            # Worker 0 stayed where it was, and worker 1 never joins it there.
+            worker_0 = running_pods_on(kc, namespace, "health").get("health-worker-0")
+            assert worker_0 == placed["health-worker-0"] != moved
+            # A Ready node (once its heartbeats are in, on a busy machine): the signal alone moved the worker.
+            wait_for(lambda: cluster.node_ready_status(victim) == "True", message=f"{victim} to be Ready")
             status = job_status(kc, namespace, "health")
             fault = next(f for f in status["nodeFaults"] if f["nodeName"] == victim)
             assert (fault["count"], fault["lastReason"]) == (1, signal.reason)
