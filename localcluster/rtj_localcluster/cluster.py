@@ -396,6 +396,7 @@ class LocalCluster:
 
         async def kill() -> None:
             kubelet.kill()
+            await kubelet.swept()  # the machine is dead once its last process is
 
         self._call(kill())
 

@@ -799,12 +799,13 @@ class PodWorker:
         self.stop()
 
     def kill_now(self) -> None:
-        """SIGKILL everything of this pod at once (node death, or the pod was force-deleted)."""
+        """SIGKILL everything of this pod at once (node death, or the pod was force-deleted): its
+        containers' process groups here, the processes that left them in a sweep off the loop."""
         for c in [*self.init_containers, *self.containers]:
             if c.process is not None and c.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(c.process.pid, signal.SIGKILL)
-        signal_marked(self.uid, None, signal.SIGKILL)
+        self.kubelet.sweep_marked(self.uid)
 
     def stop(self) -> None:
         """Forget the pod: cancel its tasks and remove its temporary directory (logs stay)."""
@@ -887,6 +888,7 @@ class Kubelet:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
+        self._sweeps: set[asyncio.Task[int]] = set()
         self.log_server = LogServer(self.locate_log, serving.cert, serving.key)
         pods.subscribe(self._wake.set)
 
@@ -1068,6 +1070,19 @@ class Kubelet:
             if worker.namespace == namespace and worker.name == name and not worker.finished:
                 return worker
         return None
+
+    def sweep_marked(self, uid: str) -> None:
+        """SIGKILL the pod's processes that left its process groups (launchers start new sessions),
+        found by their mark in a thread: the scan reads every process's environment (0.3-0.6 s on
+        a loaded machine), and every node's heartbeats share this loop: a few such scans in a row
+        once read as a lost node."""
+        task = asyncio.create_task(asyncio.to_thread(signal_marked, uid, None, signal.SIGKILL))
+        self._sweeps.add(task)
+        task.add_done_callback(self._sweeps.discard)
+
+    async def swept(self) -> None:
+        """Until every sweep started so far has signalled its processes."""
+        await asyncio.gather(*self._sweeps, return_exceptions=True)
 
     # -- faults --------------------------------------------------------------------------------
 
