@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from operator_world import World, job_body, node_body
 from rtj_operator import constants, decide
@@ -63,6 +63,11 @@ def check_invariants(world: World, plan: decide.Plan, last_count: int) -> int:
 
 
 @settings(max_examples=60, deadline=None)
+# A spare's node is lost and excluded, the operator stops before deleting the spare, the node recovers.
+@example(seed=180, faults=["fail-pod", "fail-pod", "taint", "not-ready", "delete-pod"], spares=2)
+# A spare created before a replacement was pinned takes the pinned node; the operator stops before
+# acting on it.
+@example(seed=2, faults=["taint", "taint", "taint", "add-node"], spares=2)
 @given(
     seed=st.integers(min_value=0, max_value=2**32 - 1),
     faults=st.lists(st.sampled_from(FAULTS), min_size=1, max_size=6),

@@ -6,10 +6,11 @@
   when there is one (the spare is given up, and the worker pinned there by node affinity), else
   wherever the scheduler puts it.
 - A `Creating` worker: created (pinned, if its entry names a spare's node that is still usable); a
-  pod that landed on a dead node or waits for a pin that can no longer be honoured is created again.
+  spare that took the node it waits for gives way; a pod that landed on a dead node or waits for a
+  pin that can no longer be honoured is created again (unpinned once the old pod is gone).
 - A spare: created wherever it fits (off excluded nodes and nodes replacements are pinned to, but
   not off nodes that are merely NotReady: its affinity would outlive their recovery), replaced when
-  its node fails or the pod ends.
+  its node fails, is excluded or the pod ends.
 - Under `faultTolerance.launcher` Supervisor: the store pod first (`run_store`), recreated once its
   old pod is gone when a gang restart asked for a new one; no worker or spare is created while the
   old store still stands (`store_allows_pods`), so every pod of a new world meets a fresh store. A
@@ -140,7 +141,7 @@ def _drive_creating(run: PassState, entry: Entry, pod: PodState | None) -> None:
         if not store_allows_pods(run):
             return
         pinned = entry.node_name
-        if pinned and (pinned not in run.observed.nodes or pinned in run.excluded_names()):
+        if pinned and stale_pin(run, entry.index, pinned):
             pinned = entry.node_name = ""
         if pinned:
             release_spare_on(run, pinned)
@@ -152,17 +153,13 @@ def _drive_creating(run: PassState, entry: Entry, pod: PodState | None) -> None:
         # Not yet counted (never seen running): remove it and create it again elsewhere.
         run.delete_pod(pod, force=True)
         return
-    if (
-        not pod.node_name
-        and entry.node_name
-        and not pod.deleting
-        and stale_pin(run, entry.index, entry.node_name)
-    ):
-        # Pinned to a spare's node that another pod took meanwhile: the scheduler would wait
-        # forever. Not yet started, so it is simply created again, unpinned.
-        entry.node_name = ""
-        run.delete_pod(pod, force=True)
-        return
+    if not pod.node_name and entry.node_name and not pod.deleting:
+        if stale_pin(run, entry.index, entry.node_name):
+            # The scheduler would wait forever. Not yet started, so it is created again; the pin is
+            # dropped once this pod is gone, so that an operator stopped in between loses nothing.
+            run.delete_pod(pod, force=True)
+            return
+        release_spare_on(run, entry.node_name)
     sync_entry_from_pod(entry, pod)
 
 
@@ -246,11 +243,12 @@ def release_spare_on(run: PassState, node: str) -> None:
     """Make sure no spare still holds `node`, which a replacement worker is pinned to.
 
     Normally the spare was deleted in the pass that pinned the worker; this covers an operator that
-    stopped between writing that decision and deleting the spare.
+    stopped between writing that decision and deleting the spare, and a spare created before the pin
+    (its affinity does not keep it off the node) that took the node meanwhile.
     """
     for k in range(run.job.hot_spares):
         pod = run.pod(SPARE, k)
-        if pod is not None and pod.node_name == node:
+        if pod is not None and pod.node_name == node and not pod.deleting:
             _give_up_spare(run, k, pod)
 
 
@@ -272,11 +270,15 @@ def pinned_nodes(run: PassState, *, except_index: int | None = None) -> set[str]
 
 
 def stale_pin(run: PassState, index: int, node: str) -> bool:
-    """A pin that can no longer be honoured: the node is gone, excluded, unfit or taken."""
+    """A pin that can no longer be honoured: the node is gone, excluded, unfit or taken by another
+    worker (or the store pod). A spare on it is no obstacle: it gives way (`release_spare_on`)."""
     if node not in run.observed.nodes or node in run.excluded_names():
         return True
     return any(
-        pod.node_name == node and not pod.deleting and not (role == WORKER and other == index)
+        pod.node_name == node
+        and not pod.deleting
+        and role != SPARE
+        and not (role == WORKER and other == index)
         for (role, other), pod in run.pods.items()
     )
 
@@ -310,8 +312,16 @@ def run_spare(run: PassState, index: int) -> None:
         # index) and the world finished: kept, as a worker that succeeded is.
         sync_entry_from_pod(entry, pod)
         return
-    if pod.phase in {"Failed", "Succeeded"} or pod.disruption:
+    if pod.phase in {"Failed", "Succeeded"} or pod.disruption or on_excluded_node(run, pod):
         entry.reset()
         run.delete_pod(pod, force=False)
         return
     sync_entry_from_pod(entry, pod)
+
+
+def on_excluded_node(run: PassState, pod: PodState) -> bool:
+    """Whether the pod is bound to a node the job excluded: a spare there is never given up for a
+    replacement (`take_spare`), so it is moved. One is left there when the pass that excluded its lost
+    node stopped before deleting it and the node recovered, or when it was created before the
+    exclusion and bound to the node later."""
+    return bool(pod.node_name) and pod.node_name in run.excluded_names(not_ready=False)
