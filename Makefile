@@ -4,6 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: the suite mostly waits (on clusters coming up, pods starting,
+# training processes importing torch), so two workers on two cores beat one; PYTEST_WORKERS=0
+# runs it in one process.
+PYTEST_WORKERS ?= 2
 # checkov (security scan of the chart and manifests) pins packaging<24, networkx<3 and
 # python-dateutil<3, which conflict with torch's and the kubernetes client's needs: it gets a
 # virtual environment of its own inside .venv.
@@ -15,7 +19,10 @@ CHECKOV      := $(CHECKOV_VENV)/bin/checkov
 NVRX_0_7     := $(VENV)/nvrx-0.7.0
 NVRX_0_7_OK  := $(NVRX_0_7)/.installed
 
-.PHONY: setup control-plane podnet demo test lint typecheck unit crds clean
+# pytest's options for N worker processes (none for 0): each test goes to whichever worker is free.
+xdist = $(if $(filter-out 0,$(1)),-n $(1) --dist worksteal)
+
+.PHONY: setup control-plane control-plane-build podnet demo test test-prerequisites lint typecheck unit crds clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -36,8 +43,12 @@ $(HELM): scripts/install-helm.sh | $(STAMP)
 # The real Kubernetes control plane the local cluster runs (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl), built once from the Go modules pinned in
 # localcluster/controlplane/ into ~/.cache/rtj (see the script; KUBEBUILDER_ASSETS skips the build).
-# kubectl of that version is linked into .venv/bin.
-control-plane: | $(STAMP)
+# kubectl of that version is linked into .venv/bin. The build needs nothing of .venv, so under
+# `make -j` it runs beside pip.
+control-plane-build:
+	scripts/build-control-plane.sh >/dev/null
+
+control-plane: control-plane-build | $(STAMP)
 	dir=$$(scripts/build-control-plane.sh) && ln -sf "$$dir/kubectl" $(BIN)/kubectl
 
 # The pod network library (localcluster/rtj_localcluster/podnet/podnet.c, LD_PRELOAD into every pod):
@@ -62,11 +73,21 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The whole suite (the trainer tests on .venv's NVRx 0.4.1), then the trainer tests again on 0.7.0.
-test: $(STAMP) $(CHECKOV) $(HELM) $(NVRX_0_7_OK) control-plane podnet lint typecheck
-	$(BIN)/pytest $(PYTEST_ARGS)
+# Everything the tests need, and the static checks, made side by side: on a new machine the control
+# plane's Go build (CPU) overlaps pip's downloads (network), and ruff and mypy run once .venv is there.
+test-prerequisites: $(STAMP) $(CHECKOV) $(HELM) $(NVRX_0_7_OK) control-plane podnet lint typecheck
+
+# The whole suite (the trainer tests on .venv's NVRx 0.4.1), then the trainer tests again on 0.7.0,
+# each spread over PYTEST_WORKERS processes (a worker has its own shared local cluster).
+test:
+	$(MAKE) --no-print-directory -j4 --output-sync=target test-prerequisites
+	$(BIN)/pytest $(call xdist,$(PYTEST_WORKERS)) $(PYTEST_ARGS)
 	RTJ_TEST_NVRX_VERSION=0.7.0 PYTHONPATH=$(abspath $(NVRX_0_7))$${PYTHONPATH:+:$$PYTHONPATH} \
-		$(BIN)/pytest tests/trainer
+		$(BIN)/pytest $(call xdist,$(PYTEST_WORKERS)) tests/trainer
+
+# The tests that start no cluster and no training process (not marked slow).
+unit: $(STAMP)
+	$(BIN)/pytest -m "not slow" $(call xdist,$(PYTEST_WORKERS)) $(PYTEST_ARGS)
 
 # Regenerate crds/, docs/api.md and the chart's CRD copy from the pydantic models.
 crds: $(STAMP)
