@@ -4,10 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test`: the suite mostly waits (on clusters coming up, pods starting,
-# training processes importing torch), so two workers on two cores beat one; PYTEST_WORKERS=0
-# runs it in one process.
-PYTEST_WORKERS ?= 2
+# pytest-xdist workers for `make test` (0: one process). One by default: on 2 cores the suite is
+# CPU-bound (clusters, torch processes), so two workers took longer than one (42.5 min against about
+# 31) and starved timing-sensitive trainer tests; machines with more cores can set it.
+PYTEST_WORKERS ?= 0
 # checkov (security scan of the chart and manifests) pins packaging<24, networkx<3 and
 # python-dateutil<3, which conflict with torch's and the kubernetes client's needs: it gets a
 # virtual environment of its own inside .venv.
@@ -78,7 +78,7 @@ typecheck: $(STAMP)
 test-prerequisites: $(STAMP) $(CHECKOV) $(HELM) $(NVRX_0_7_OK) control-plane podnet lint typecheck
 
 # The whole suite (the trainer tests on .venv's NVRx 0.4.1), then the trainer tests again on 0.7.0,
-# each spread over PYTEST_WORKERS processes (a worker has its own shared local cluster).
+# in PYTEST_WORKERS processes where it is set (each worker has its own shared local cluster).
 test:
 	$(MAKE) --no-print-directory -j4 --output-sync=target test-prerequisites
 	$(BIN)/pytest $(call xdist,$(PYTEST_WORKERS)) $(PYTEST_ARGS)
