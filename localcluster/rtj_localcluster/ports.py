@@ -49,7 +49,16 @@ def _bindable(port: int) -> bool:
     return True
 
 
-def _try_lock(path: Path) -> int | None:
+def shared_lock_dir(path: Path) -> None:
+    """Create ``path`` for locks that every user's processes take (not only umask's modes)."""
+    with contextlib.suppress(OSError):
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o1777)
+
+
+def try_lock(path: Path) -> int | None:
+    """An open descriptor of ``path`` holding its ``flock`` (it goes with the descriptor, or the
+    process), or None where another holds it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError:
@@ -76,28 +85,29 @@ class PortClaim:
     def take(self, preferred: int = 0) -> int:
         """``preferred`` where it is free and unclaimed (a port kept from an earlier start), else the
         next free, unclaimed port below the ephemeral range."""
-        self._ensure_lock_dir()
+        shared_lock_dir(self.lock_dir)
         if preferred and self._claim(preferred):
             return preferred
-        for port in self._candidates():
+        high = ephemeral_low()
+        for port in self._candidates(high):
             if self._claim(port):
                 _advance_cursor(port)
                 return port
         raise RuntimeError(
-            f"no free loopback port in {FIRST_PORT}-{ephemeral_low() - 1}: all are bound or claimed"
-            f" in {self.lock_dir}"
+            f"no free loopback port in {FIRST_PORT}-{high - 1}: all are bound or claimed in {self.lock_dir}"
         )
 
     def take_pair(self) -> int:
         """A port P with P + 1 free and unclaimed too (servers that listen on two neighbours)."""
-        self._ensure_lock_dir()
-        for port in self._candidates():
-            if port + 1 < ephemeral_low() and self._claim(port):
+        shared_lock_dir(self.lock_dir)
+        high = ephemeral_low()
+        for port in self._candidates(high):
+            if port + 1 < high and self._claim(port):
                 if self._claim(port + 1):
                     _advance_cursor(port + 1)
                     return port
                 self._drop(port)
-        raise RuntimeError(f"no two neighbouring free loopback ports below {ephemeral_low()}")
+        raise RuntimeError(f"no two neighbouring free loopback ports below {high}")
 
     def release(self) -> None:
         for fd in self._fds.values():
@@ -112,7 +122,7 @@ class PortClaim:
     def _claim(self, port: int) -> bool:
         if port in self._fds:
             return False
-        fd = _try_lock(self.lock_dir / f"{port}.lock")
+        fd = try_lock(self.lock_dir / f"{port}.lock")
         if fd is None:
             return False
         if not _bindable(port):
@@ -121,16 +131,11 @@ class PortClaim:
         self._fds[port] = fd
         return True
 
-    def _ensure_lock_dir(self) -> None:
-        with contextlib.suppress(OSError):
-            self.lock_dir.mkdir(parents=True, exist_ok=True)
-            self.lock_dir.chmod(0o1777)  # every user's processes claim ports here
-
     @staticmethod
-    def _candidates() -> Iterator[int]:
-        """Every port of the range once, starting after the last one this process handed out (a
-        port released a moment ago is tried last: its former holder may still be closing it)."""
-        low, high = FIRST_PORT, ephemeral_low()
+    def _candidates(high: int) -> Iterator[int]:
+        """Every port from FIRST_PORT below ``high`` once, starting after the last one this process
+        handed out (a port released a moment ago is tried last: its holder may still be closing it)."""
+        low = FIRST_PORT
         with _lock:
             start = _cursor["next"]
         for offset in range(high - low):

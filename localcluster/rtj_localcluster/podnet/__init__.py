@@ -11,9 +11,7 @@ the machine's real addresses (the kubelet then checks declared ``containerPorts`
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import functools
 import hashlib
 import os
@@ -29,6 +27,7 @@ from typing import Any
 import psutil
 
 from ..binaries import cache_dir
+from ..ports import shared_lock_dir, try_lock
 
 SOURCE = Path(__file__).resolve().parent / "podnet.c"
 DISABLE_ENV = "RTJ_LOCAL_PODNET"
@@ -152,21 +151,12 @@ class IpAllocator:
         self.block: int | None = None
 
     def _claim(self) -> int:
-        with contextlib.suppress(OSError):
-            self._lock_dir.mkdir(parents=True, exist_ok=True)
-            self._lock_dir.chmod(0o1777)  # every user's clusters take blocks here (not only umask's)
+        shared_lock_dir(self._lock_dir)
         for block in range(256):
-            try:
-                fd = os.open(self._lock_dir / f"{block}.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                continue
-            self._lock_fd = fd
-            return block
+            fd = try_lock(self._lock_dir / f"{block}.lock")
+            if fd is not None:
+                self._lock_fd = fd
+                return block
         raise RuntimeError(f"no free block of pod IPs: 256 local clusters hold the locks in {self._lock_dir}")
 
     def allocate(self) -> str:
