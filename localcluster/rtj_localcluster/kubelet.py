@@ -16,6 +16,10 @@ Every process of a container carries ``RTJ_LOCAL_POD_UID``/``RTJ_LOCAL_CONTAINER
 environment: launchers such as torch elastic start workers in new sessions, so the kubelet finds a
 container's processes by that mark (like a cgroup) rather than by process group alone.
 
+The node's HTTPS server (``logserver``) serves ``kubectl logs``, and ``exec``, ``attach`` and
+``port-forward`` (``streaming``: a command runs as one of the container's processes; a container
+with ``stdin: true`` gets a stdin pipe for attach).
+
 Faults (``kill``, ``partition``, ``heal``, ``kill_container``) are driven by ``LocalCluster``.
 """
 
@@ -30,7 +34,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,8 +57,17 @@ from .podenv import (
     rewrite_path,
 )
 from .podnet import OWNER_ENV, IpAllocator, container_env, library, taken_ports
+from .streaming import AttachTarget, ExecTarget, StreamingEndpoints, StreamingError
 
 log = logging.getLogger(__name__)
+
+
+def host_file_of_the_image(path: str, rewritten: str) -> bool:
+    """Whether a command's path below a mount (the pod's /tmp) names one of the host's files, which
+    stand in for the image's, rather than a file of the pod's volume: it exists on the host and not
+    in the volume (a checkout or virtual environment under /tmp)."""
+    return os.path.exists(path) and not os.path.exists(rewritten)
+
 
 MARK_POD = "RTJ_LOCAL_POD_UID"
 MARK_CONTAINER = "RTJ_LOCAL_CONTAINER"
@@ -588,7 +601,7 @@ class PodWorker:
         env["KUBERNETES_SERVICE_PORT_HTTPS"] = str(config.api_port)
         env[HOSTS_FILE_ENV] = str(config.hosts_file)
         # Programs that cannot see the mount-path rewriting (a constant in code, not an env value)
-        # find the service-account files through this (rtj_trainer.progress and podsite read it).
+        # find the service-account files through this (rtj_trainer.library.progress and podsite read it).
         account_dir = self.service_account_dir()
         if account_dir:
             env["RTJ_SERVICE_ACCOUNT_DIR"] = account_dir
@@ -620,7 +633,7 @@ class PodWorker:
         env.update({MARK_POD: self.uid, MARK_CONTAINER: c.name, MARK_NODE: self.kubelet.name})
         env[OWNER_ENV] = self.owner_uid
         container_env(env, self.pod_ip)  # the pod's own wildcard address (rtj_localcluster.podnet)
-        argv = container_argv(self.kubelet.with_entrypoint(c.spec), env, mounts)
+        argv = container_argv(self.kubelet.with_entrypoint(c.spec), env, mounts, host_file_of_the_image)
         working_dir = c.spec.get("workingDir")
         cwd = Path(rewrite_path(working_dir, mounts)) if working_dir else self.dir / "work"
         cwd.mkdir(parents=True, exist_ok=True)
@@ -636,7 +649,8 @@ class PodWorker:
                 *argv,
                 cwd=str(cwd),
                 env=env,
-                stdin=asyncio.subprocess.DEVNULL,
+                # `stdin: true` keeps a pipe open for `kubectl attach -i` (and `kubectl run -i`).
+                stdin=asyncio.subprocess.PIPE if c.spec.get("stdin") else asyncio.subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
@@ -649,7 +663,8 @@ class PodWorker:
         timeout = float(probe.get("timeoutSeconds") or 1)
         success_needed = int(probe.get("successThreshold") or 1)
         failure_needed = int(probe.get("failureThreshold") or 3)
-        argv = container_argv({"command": probe["exec"].get("command") or []}, c.env, c.mounts)
+        command = {"command": probe["exec"].get("command") or []}
+        argv = container_argv(command, c.env, c.mounts, host_file_of_the_image)
         await asyncio.sleep(float(probe.get("initialDelaySeconds") or 0))
         successes = failures = 0
         while True:
@@ -889,7 +904,8 @@ class Kubelet:
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._sweeps: set[asyncio.Task[int]] = set()
-        self.log_server = LogServer(self.locate_log, serving.cert, serving.key)
+        self.streaming = StreamingEndpoints(self.exec_target, self.attach_target, self.pod_ip_of)
+        self.log_server = LogServer(self.locate_log, serving.cert, serving.key, self.streaming.routes())
         pods.subscribe(self._wake.set)
 
     async def register(self) -> None:
@@ -1062,6 +1078,56 @@ class Kubelet:
             return worker.log_path(container), functools.partial(self._still_writing, runtime)
         return None
 
+    def _running_container(
+        self, namespace: str, name: str, container: str
+    ) -> tuple[PodWorker, ContainerRuntime]:
+        worker = self.find_worker(namespace, name)
+        if worker is None:
+            raise StreamingError(f"pod {namespace}/{name} not found on node {self.name}")
+        runtime = next(
+            (c for c in [*worker.init_containers, *worker.containers] if c.name == container), None
+        )
+        if runtime is None:
+            raise StreamingError(f"container {container!r} not found in pod {namespace}/{name}")
+        if not runtime.running or self.dead:
+            raise StreamingError(f"container {container!r} of pod {namespace}/{name} is not running", 400)
+        return worker, runtime
+
+    def exec_target(self, namespace: str, name: str, container: str) -> ExecTarget:
+        """How ``kubectl exec`` runs a command in a running container: with the container's
+        environment (the pod network library and the marks included), working directory, mount
+        paths and user, as the container's own processes run. Unlike the container's command, an
+        exec command's ``$(VAR)`` references are not expanded (nor are they by a real kubelet)."""
+        worker, runtime = self._running_container(namespace, name, container)
+        run_as = identity.run_as(worker.pod, runtime.spec)
+        mounts = list(runtime.mounts)
+
+        def command(argv: Sequence[str]) -> list[str]:
+            return [rewrite_path(str(arg), mounts, host_file_of_the_image) for arg in argv]
+
+        user = identity.command_prefix(run_as) if run_as is not None else []
+        return ExecTarget(command, dict(runtime.env), runtime.cwd, user)
+
+    def attach_target(self, namespace: str, name: str, container: str) -> AttachTarget:
+        """A running container's output from now on (its log file is its stdout and stderr) and,
+        with ``stdin: true``, its stdin (closed after the first attach with ``stdinOnce``)."""
+        worker, runtime = self._running_container(namespace, name, container)
+        path = worker.log_path(container)
+        size = 0
+        with contextlib.suppress(OSError):
+            size = path.stat().st_size
+        process = runtime.process
+        stdin = process.stdin if process is not None else None
+        once = bool(runtime.spec.get("stdinOnce"))
+        return AttachTarget(path, size, functools.partial(self._still_writing, runtime), stdin, once)
+
+    def pod_ip_of(self, namespace: str, name: str) -> str:
+        """The IP ``kubectl port-forward`` connects to: the pod's own loopback address."""
+        worker = self.find_worker(namespace, name)
+        if worker is None or not worker.pod_ip or self.dead:
+            raise StreamingError(f"pod {namespace}/{name} not found on node {self.name}")
+        return worker.pod_ip
+
     def _still_writing(self, runtime: ContainerRuntime) -> bool:
         return runtime.running and not self.dead
 
@@ -1102,7 +1168,8 @@ class Kubelet:
         task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
-        """Stop serving logs and close the node's API connection (after ``kill``)."""
+        """Stop serving logs and streams and close the node's API connection (after ``kill``)."""
+        await self.streaming.close()
         await self.log_server.stop()
         await self.client.close()
 

@@ -1,17 +1,19 @@
-"""The kubelet endpoint the API server proxies ``kubectl logs`` to: ``/containerLogs/<ns>/<pod>/<c>``.
+"""The kubelet's HTTPS server: the endpoint the API server proxies ``kubectl logs`` to,
+``/containerLogs/<ns>/<pod>/<c>``, and the streaming endpoints of ``kubectl exec``, ``attach`` and
+``port-forward`` (``streaming``), which the kubelet adds as ``extra_routes``.
 
 Each simulated node serves HTTPS on its own loopback port (a certificate of the cluster's CA, which
 the API server checks through ``--kubelet-certificate-authority``) and advertises it in its Node's
-``status.daemonEndpoints.kubeletEndpoint.Port``. Supported query parameters, as the kubelet reads
-them: ``follow``, ``previous``, ``tailLines``, ``limitBytes`` (``timestamps`` and ``sinceSeconds``
-are accepted and ignored: the logs are plain files). Exec, attach and port-forward are not served.
+``status.daemonEndpoints.kubeletEndpoint.Port``. Supported query parameters of the log endpoint, as
+the kubelet reads them: ``follow``, ``previous``, ``tailLines``, ``limitBytes`` (``timestamps`` and
+``sinceSeconds`` are accepted and ignored: the logs are plain files).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from aiohttp import web
@@ -51,12 +53,15 @@ def _int(value: str | None) -> int | None:
 class LogServer:
     """One node's log endpoint; ``start`` returns the port it listens on."""
 
-    def __init__(self, locate: LogLocator, cert: Path, key: Path) -> None:
+    def __init__(
+        self, locate: LogLocator, cert: Path, key: Path, extra_routes: Iterable[web.RouteDef] = ()
+    ) -> None:
         self._locate = locate
         self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._ssl.load_cert_chain(str(cert), str(key))
         app = web.Application()
         app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._logs)
+        app.router.add_routes(list(extra_routes))
         self._runner = web.AppRunner(app, access_log=None)
         self.port = 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -23,14 +23,19 @@ def normalise_mounts(mounts: Mapping[str, str]) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda pair: len(pair[0]), reverse=True)
 
 
-def rewrite_path(value: str, mounts: Mounts) -> str:
+def rewrite_path(value: str, mounts: Mounts, image_file: Callable[[str, str], bool] | None = None) -> str:
     """``value`` with a leading mount path replaced by its real directory (path-boundary aware):
-    with ``/ckpt`` mounted, ``/ckpt`` and ``/ckpt/a`` are rewritten, ``/ckpt2`` is not."""
+    with ``/ckpt`` mounted, ``/ckpt`` and ``/ckpt/a`` are rewritten, ``/ckpt2`` is not.
+
+    ``image_file(value, rewritten)`` keeps a path below a mount that names a file of the image
+    instead: on the local cluster the image is the host's own files, and a checkout or environment
+    under /tmp (where the pod's scratch volume is mounted) must not be hidden by it."""
     for mount, real in mounts:
         if value == mount:
             return real
         if value.startswith(mount + "/"):
-            return real + value[len(mount) :]
+            rewritten = real + value[len(mount) :]
+            return value if image_file is not None and image_file(value, rewritten) else rewritten
     return value
 
 
@@ -166,12 +171,22 @@ def resolve_env(
     return env
 
 
-def container_argv(container: Mapping[str, Any], env: Mapping[str, str], mounts: Mounts) -> list[str]:
-    """command + args with ``$(VAR)`` expanded and mount paths rewritten; no image entrypoint exists."""
+def container_argv(
+    container: Mapping[str, Any],
+    env: Mapping[str, str],
+    mounts: Mounts,
+    image_file: Callable[[str, str], bool] | None = None,
+) -> list[str]:
+    """command + args with mount paths rewritten (but the image's files: `rewrite_path`) and
+    ``$(VAR)`` expanded; no image entrypoint exists.
+
+    Each argument is rewritten before the expansion: `env` already holds rewritten paths, and a
+    second rewrite would map a real directory that happens to lie under a mount path (the pod's
+    scratch volume is mounted at /tmp, where local clusters keep their state) once more."""
     argv = [*(container.get("command") or []), *(container.get("args") or [])]
     if not argv:
         raise ValueError("container has no command: the local kubelet cannot run an image's entrypoint")
-    return [rewrite_path(expand_references(str(a), env), mounts) for a in argv]
+    return [expand_references(rewrite_path(str(a), mounts, image_file), env) for a in argv]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,12 +21,13 @@ fresh namespace, ready for pods once its ``default`` ServiceAccount exists).
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Set
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -181,3 +182,43 @@ def namespace(
     name = create_namespace(shared_local_cluster.kubeconfig_path, prefix)
     yield name
     api.delete(path_for("namespaces", name=name))
+
+
+def stop_process(process: subprocess.Popen[Any], grace_seconds: float = 30) -> None:
+    """SIGTERM `process` and wait for it; SIGKILL it after `grace_seconds` (nothing if it ended)."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def parse_module(path: Path) -> ast.Module:
+    """`path`'s syntax tree, for the layout tests. CPython 3.11 can fail a parse with "AST constructor
+    recursion depth mismatch" when another thread changes the recursion limit during it (measured
+    once in a full run, on a file that parses every other time): such a parse is tried once more."""
+    source = path.read_text(encoding="utf-8")
+    try:
+        return ast.parse(source, str(path))
+    except SystemError:
+        return ast.parse(source, str(path))
+
+
+def assert_no_import_cycles(graph: Mapping[str, Set[str]]) -> None:
+    """Fail with the cycle's path when a module of `graph` (module -> the modules it imports) imports
+    itself through others; the layout tests of the operator and the trainer share it."""
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, "import cycle: " + " -> ".join((*path[path.index(name) :], name))
+        if name in done:
+            return
+        for imported in sorted(graph[name]):
+            visit(imported, (*path, name))
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, ())

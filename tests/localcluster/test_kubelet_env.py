@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import pytest
+from rtj_localcluster.kubelet import host_file_of_the_image
 from rtj_localcluster.podenv import (
     container_argv,
     expand_references,
@@ -34,6 +36,29 @@ MOUNTS = normalise_mounts({"/ckpt": "/real/ckpt", "/ckpt/inner": "/real/inner", 
 )
 def test_rewrite_path(value: str, expected: str) -> None:
     assert rewrite_path(value, MOUNTS) == expected
+
+
+def test_a_host_file_of_the_image_under_a_mount_is_not_rewritten(tmp_path: Path) -> None:
+    """The local cluster's image is the host's files: a checkout or virtual environment under /tmp,
+    where the pod's scratch volume is mounted, stays where it is; the pod's own paths move."""
+    checkout = tmp_path / "checkout"
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    (checkout / ".venv" / "bin" / "python").touch()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    mounts = normalise_mounts({str(tmp_path): str(scratch)})
+    python, output = str(checkout / ".venv" / "bin" / "python"), str(tmp_path / "out")
+    container = {"command": [python, "--output", output]}
+    assert container_argv(container, {}, mounts, host_file_of_the_image) == [
+        python,  # exists on the host, not in the volume: the image's
+        "--output",
+        str(scratch / "out"),  # the pod's
+    ]
+    (scratch / "checkout" / ".venv" / "bin").mkdir(parents=True)
+    (scratch / "checkout" / ".venv" / "bin" / "python").touch()  # now the volume has it too
+    assert rewrite_path(python, mounts, host_file_of_the_image) == str(
+        scratch / "checkout" / ".venv" / "bin" / "python"
+    )
 
 
 def test_expand_references() -> None:
@@ -132,6 +157,13 @@ def test_argv_expands_and_rewrites() -> None:
     ]
     with pytest.raises(ValueError, match="no command"):
         container_argv({"name": "x"}, {}, MOUNTS)
+
+
+def test_a_variable_holding_a_rewritten_path_is_not_rewritten_again() -> None:
+    # The environment holds real directories already; one under a mount path stays as it is.
+    env = {"CKPT": "/data/state/ckpt/j", "JOB": "j"}
+    container = {"command": ["python"], "args": ["--dir", "$(CKPT)", "/ckpt/$(JOB)"]}
+    assert container_argv(container, env, MOUNTS) == ["python", "--dir", "/data/state/ckpt/j", "/real/ckpt/j"]
 
 
 @pytest.mark.parametrize(
