@@ -39,7 +39,8 @@ from typing import Any
 
 import rtj_trainer  # noqa: F401 - first: its warning filters and log level must precede torch
 import torch
-from rtj_trainer import checkpoint, checkpoint_drill
+from rtj_trainer.library import checkpoint
+from rtj_trainer.rehearsal import checkpoint_drill
 
 BIN = Path(sys.executable).parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -133,7 +134,7 @@ def bench_efficiency(base: Path, steps: int, intervals: list[int], repeats: int)
 
 def _model_state() -> dict[str, torch.Tensor]:
     """The efficiency model's parameters and Adam state, as tensors of the same shapes."""
-    from rtj_trainer.model import ModelConfig, TinyLM, local_state
+    from rtj_trainer.reference.model import ModelConfig, TinyLM, local_state
 
     cfg = ModelConfig(vocab=256, hidden=512, layers=8, seq_len=64, batch=8)
     model = TinyLM(cfg)

@@ -2,7 +2,7 @@
 
 For each state size and checkpoint interval it runs the same loop three times, in one process: no
 saves (the baseline), synchronous saves and async saves, all through the trainer's own
-`rtj_trainer.checkpoint.CheckpointManager` (the code that runs in the job: per-rank shard, fsync,
+`rtj_trainer.library.checkpoint.CheckpointManager` (the code that runs in the job: per-rank shard, fsync,
 done file, commit marker). Async saves run as the trainer drives them: every save point copies the
 state into host memory on a background thread (the memory tier), overlapping the next step, and the
 loop calls `wait_staged()` before it changes the state in place; the copy is written by NVRx's writer
@@ -92,7 +92,7 @@ class _SavePoints:
 
 
 def _manager(root: Path, mode: str, state: dict[str, torch.Tensor]) -> Any:
-    from rtj_trainer.checkpoint import CheckpointManager
+    from rtj_trainer.library.checkpoint import CheckpointManager
 
     if mode == "none":
         return None

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from rtj_trainer import env, faults
+from rtj_trainer.library import env
+from rtj_trainer.rehearsal import faults
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
 

@@ -1,4 +1,4 @@
-"""The memory tier (rtj_trainer.replica): flat buffers, the resume decision, and replication between
+"""The memory tier (rtj_trainer.reference.replica): flat buffers, the resume decision, and replication between
 real gloo ranks in real processes.
 
 The multi-rank tests run this file as a script, one process per rank (``python test_replica.py
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from rtj_trainer import model as model_mod
-from rtj_trainer import replica
-from rtj_trainer.replica import Layout, RankReport, ResumePlan, Transfer, plan_resume
+from rtj_trainer.reference import model as model_mod
+from rtj_trainer.reference import replica
+from rtj_trainer.reference.replica import Layout, RankReport, ResumePlan, Transfer, plan_resume
 
 STRIDE = 2  # ranks per "node"
 PG_TIMEOUT = dt.timedelta(seconds=60)

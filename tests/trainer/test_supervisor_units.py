@@ -11,9 +11,10 @@ import torch.distributed as dist
 from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess.state import Mode
 from rtj_localcluster.ports import reserve_port_pair
-from rtj_trainer import store, supervisor
-from rtj_trainer.env import ACTIVE_WORLD_SIZE, EnvError, TrainerEnv
-from rtj_trainer.restart import ReplaceFromReserve, StoreClient, WorldBrokenError, reassign
+from rtj_trainer.library import world
+from rtj_trainer.library.env import ACTIVE_WORLD_SIZE, EnvError, TrainerEnv
+from rtj_trainer.reference.restart import ReplaceFromReserve, StoreClient, WorldBrokenError, reassign
+from rtj_trainer.runtime import store, supervisor
 
 
 def test_active_ranks_keep_their_index_and_reserves_close_up() -> None:
@@ -132,7 +133,7 @@ def test_the_contract_names_what_is_wrong() -> None:
         ([0, 0], 0),
         ([137, 0], 0),  # one rank was killed and replaced; its sibling finished the training
         ([137, 137], 137),
-        ([0, supervisor.WORLD_BROKEN_EXIT_CODE], supervisor.WORLD_BROKEN_EXIT_CODE),
+        ([0, world.WORLD_BROKEN_EXIT_CODE], world.WORLD_BROKEN_EXIT_CODE),
         ([1, 2], 1),
     ],
 )
@@ -151,13 +152,13 @@ def test_the_store_pod_serves_both_stores_and_tells_a_late_pod_the_world_formed(
         pg = dist.TCPStore(  # type: ignore[attr-defined]
             "127.0.0.1", port + store.PG_STORE_OFFSET, is_master=False, wait_for_workers=False
         )
-        pg.set(store.WORLD_FORMED_KEY, "1")
+        pg.set(world.WORLD_FORMED_KEY, "1")
         assert supervisor.world_formed("127.0.0.1", port, timeout=10)
         wrapper_store = StoreClient(host_name="127.0.0.1", port=port, world_size=8, wait_for_workers=False)
         wrapper_store.set("k", "v")
         assert wrapper_store.get("k") == b"v"
         assert wrapper_store.critical_ranks == ()
-        assert not wrapper_store.check([store.WORLD_FORMED_KEY])  # the two stores are apart
+        assert not wrapper_store.check([world.WORLD_FORMED_KEY])  # the two stores are apart
     finally:
         del servers
 

@@ -81,7 +81,7 @@ def _max_step(tmp: Path) -> int:
 def _store(port: int, tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
     with (tmp / "store.log").open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rtj_trainer.store", "--port", str(port)],
+            [sys.executable, "-m", "rtj_trainer.runtime.store", "--port", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from rtj_trainer import checkpoint, checkpoint_drill
+from rtj_trainer.library import checkpoint
+from rtj_trainer.rehearsal import checkpoint_drill
 
 
 def test_async_save_holds_the_state_at_the_save_call(tmp_path: Path) -> None:

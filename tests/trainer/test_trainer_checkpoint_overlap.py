@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from rtj_localcluster.ports import reserve_port
-from rtj_trainer import checkpoint
+from rtj_trainer.library import checkpoint
 
 
 def _state(megabytes: int, seed: int) -> dict[str, torch.Tensor]:

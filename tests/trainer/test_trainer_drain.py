@@ -3,7 +3,7 @@ rank before the node exits, and the node's replacement resumes from it without l
 
 Two ft_launcher "nodes" x 2 processes on loopback, as two worker pods (trainer_launch_support). The
 SIGTERM goes to the node's whole process group, as the local cluster's kubelet sends it; the chain
-rtj-launch -> ft_launcher -> workers is the one a pod runs (rtj_trainer.drain).
+rtj-launch -> ft_launcher -> workers is the one a pod runs (rtj_trainer.library.drain).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rtj_trainer import checkpoint, drain
+from rtj_trainer.library import checkpoint, drain
 from trainer_launch_support import kill_nodes, launch_env, read_progress, start_node
 
 pytestmark = pytest.mark.slow

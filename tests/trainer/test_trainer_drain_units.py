@@ -11,14 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from rtj_trainer import checkpoint_dir, drain
-from rtj_trainer.env import EnvError
+from rtj_trainer.library import drain
+from rtj_trainer.library.env import EnvError
+from rtj_trainer.runtime import checkpoint_dir
 
 HANDLER_PROGRAM = """
 import os, signal, sys, time
 from pathlib import Path
-from rtj_trainer import drain
-request = drain.install_handler(Path(sys.argv[1]))
+from rtj_trainer.library import drain
+request = drain.install_drain_handler(Path(sys.argv[1]))
 os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(0.2)
 print("requested" if request.requested else "alive")

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from rtj_trainer import checkpoint
+from rtj_trainer.library import checkpoint
 from trainer_launch_support import run_two_nodes
 
 pytestmark = pytest.mark.slow

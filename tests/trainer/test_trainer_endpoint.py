@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rtj_localcluster.ports import reserve_port
-from rtj_trainer import endpoint, metrics, progress
+from rtj_trainer.library import progress
+from rtj_trainer.runtime import endpoint, metrics
 
 BIN = Path(sys.executable).parent
 
@@ -96,6 +97,18 @@ def test_metrics_follow_prometheus_conventions_and_the_report() -> None:
         (("layer", "in_process"),): 1.0,
         (("layer", "in_job"),): 2.0,
     }
+    assert not {"rtj_trainer_samples_total", "rtj_trainer_tokens_per_second"} & samples.keys()
+    rates = progress.Throughput()
+    rates.add(2.0, 128, 16384)
+    counted = parse_metrics(
+        metrics.exposition(a_report(samples=640, tokens=81920, throughput=rates), now=0.0)
+    )
+    assert (counted["rtj_trainer_samples_total"], counted["rtj_trainer_tokens_total"]) == (
+        {(): 640},
+        {(): 81920},
+    )
+    assert counted["rtj_trainer_samples_per_second"] == {(): 64.0}
+    assert counted["rtj_trainer_tokens_per_second"] == {(): 8192.0}
     # Before the first report: the descriptions only, still a valid exposition.
     assert parse_metrics(metrics.exposition(None, now=0.0)) == {}
 
@@ -124,7 +137,7 @@ def test_endpoint_serves_the_report_and_knows_when_it_was_read(tmp_path: Path) -
 
 REPORT_THEN_EXIT = """
 import json, os
-from rtj_trainer import progress
+from rtj_trainer.library import progress
 p = progress.Progress(node_rank=0, train_start_time=1700000000.0)
 p.step, p.finished = 7, True
 progress.make_sink("endpoint").send(progress.progress_json(p, now=1700000007.0))

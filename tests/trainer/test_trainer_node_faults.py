@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from rtj_operator.progress import NodeFaultReport, parse_report
-from rtj_trainer import node_faults, progress
+from rtj_trainer.library import node_faults, progress
 
 
 def _chained(outer: str, inner: str) -> BaseException:
@@ -74,8 +74,8 @@ def test_gpu_health_check(available: bool, count: int, probe: object, expected: 
 
 
 def test_the_ranks_of_a_node_share_one_count_other_nodes_lines_are_not_theirs(tmp_path: Path) -> None:
-    rank0 = node_faults.NodeFaultLog(tmp_path, "ip-10-0-1-7.ec2.internal")
-    rank1 = node_faults.NodeFaultLog(tmp_path, "ip-10-0-1-7.ec2.internal")
+    rank0 = node_faults.NodeFaults(tmp_path, "ip-10-0-1-7.ec2.internal")
+    rank1 = node_faults.NodeFaults(tmp_path, "ip-10-0-1-7.ec2.internal")
     assert rank0.summary() is None
     rank1.record("CUDA error: uncorrectable ECC error encountered", now=1_700_000_000.0)
     rank0.record("GPU health check: 7 of the 8 GPUs the node's ranks need are visible", now=1_700_000_060.0)
@@ -88,7 +88,7 @@ def test_the_ranks_of_a_node_share_one_count_other_nodes_lines_are_not_theirs(tm
         "lastTime": "2023-11-14T22:14:20Z",
     }
     # Another node keeps its own file and count.
-    assert node_faults.NodeFaultLog(tmp_path, "ip-10-0-1-8.ec2.internal").summary() is None
+    assert node_faults.NodeFaults(tmp_path, "ip-10-0-1-8.ec2.internal").summary() is None
 
 
 def test_the_report_carries_the_node_faults_and_the_operator_parses_them() -> None:
@@ -131,7 +131,7 @@ def test_an_injected_cuda_ecc_error_is_counted_for_the_node_and_reported(tmp_pat
         "OMP_NUM_THREADS": "1",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "rtj_trainer.train", "--steps", "8"],
+        [sys.executable, "-m", "rtj_trainer.reference.train", "--steps", "8"],
         env=env,
         capture_output=True,
         text=True,

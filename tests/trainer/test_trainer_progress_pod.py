@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import time
-from rtj_trainer import progress
+from rtj_trainer.library import progress
 p = progress.Progress(node_rank=0, train_start_time=1700000000.0)
 p.step = 42
 p.restarts_in_process = 1

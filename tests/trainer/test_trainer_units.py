@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from rtj_operator import api, render
-from rtj_trainer import checkpoint, env, faults, launch, progress
+from rtj_trainer.library import checkpoint, env, progress
+from rtj_trainer.rehearsal import faults
+from rtj_trainer.runtime import launch, rankshim
 
 NVRX_0_4_1 = (0, 4, 1)
 NVRX_0_7_0 = (0, 7, 0)
+SHIM = rankshim.command(sys.executable)
 
 
 def contract_env(**overrides: str) -> env.TrainerEnv:
@@ -44,6 +48,7 @@ def test_argv_for_the_store_host_node() -> None:
         command=["rtj-train", "--steps", "10"],
         cpu=False,
         nvrx_version=NVRX_0_4_1,
+        python="/venv/bin/python",
     )
     assert argv == [
         "ft_launcher",
@@ -60,6 +65,11 @@ def test_argv_for_the_store_host_node() -> None:
         "--workers-stop-timeout=15",
         "--ft-enable-nic-monitor=true",
         "--no-python",
+        # Each rank runs under the rank shim (rtj_trainer.runtime.rankshim), with rtj-launch's interpreter.
+        "/venv/bin/python",
+        "-m",
+        "rtj_trainer.runtime.rankshim",
+        "--",
         "rtj-train",
         "--steps",
         "10",
@@ -81,8 +91,8 @@ def test_argv_other_nodes_dial_the_host_and_do_not_host(node_rank: int) -> None:
     assert "--nnodes=8:10" in argv
     assert "--local-addr=10.1.2.3" in argv
     assert "--ft-enable-nic-monitor=false" in argv
-    # The training command comes last and whole, after --no-python.
-    assert argv[-2:] == ["--no-python", "rtj-train"]
+    # The training command comes last and whole, after --no-python and the rank shim.
+    assert argv[-6:] == ["--no-python", *SHIM, "rtj-train"]
 
 
 def test_argv_keeps_user_arguments_verbatim() -> None:
@@ -112,7 +122,7 @@ def test_argv_sets_the_defaults_nvrx_0_7_changed(cpu: bool) -> None:
     changed = [a for a in argv if a.startswith(("--ft-enable-nic-healthcheck", "--ft-gpu-memory"))]
     off_on_cpu = ["--ft-enable-nic-healthcheck=false", "--ft-gpu-memory-reclaim-timeout=0"]
     assert changed == (off_on_cpu if cpu else [])
-    assert argv[-2:] == ["--no-python", "rtj-train"]
+    assert argv[-6:] == ["--no-python", *SHIM, "rtj-train"]
 
 
 @pytest.mark.parametrize("cpu", [True, False])
@@ -122,7 +132,7 @@ def test_installed_launcher_accepts_the_flags(cpu: bool) -> None:
     `make test` runs this once per supported NVRx release (0.4.1 and 0.7.0), each with its parser.
     """
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
-    from rtj_trainer import nvrx_compat
+    from rtj_trainer.library import nvrx_compat
 
     argv = launch.ft_launcher_argv(
         contract_env(RTJ_POD_IP="10.1.2.3"), rdzv_address="10.0.0.5", command=["rtj-train", "--x"], cpu=cpu
@@ -139,13 +149,13 @@ def test_installed_launcher_accepts_the_flags(cpu: bool) -> None:
     if nvrx_compat.nvrx_version() >= nvrx_compat.NVRX_0_7:
         assert parsed.ft_enable_nic_healthcheck is (False if cpu else None)
         assert parsed.ft_gpu_memory_reclaim_timeout == ("0" if cpu else None)
-    assert parsed.training_script == "rtj-train"
-    assert parsed.training_script_args == ["--x"]
+    # ft_launcher runs the rank shim, which runs the training command.
+    assert [parsed.training_script, *parsed.training_script_args] == [*SHIM, "rtj-train", "--x"]
 
 
 def test_writer_options_follow_the_installed_release() -> None:
     from nvidia_resiliency_ext.checkpointing.async_ckpt.core import PersistentAsyncCaller
-    from rtj_trainer import nvrx_compat
+    from rtj_trainer.library import nvrx_compat
 
     class Release041:
         def __init__(self) -> None: ...
@@ -410,6 +420,43 @@ def test_progress_json_matches_the_contract() -> None:
     assert event["kind"] == "InProcessRestart" and event["recoverySeconds"] == pytest.approx(0.8)
     assert {"time", "kind", "step", "recoverySeconds"} <= set(event)
     json.dumps(report)  # serialisable as the annotation value
+
+
+def test_samples_and_tokens_are_in_the_report_only_once_counted() -> None:
+    p = progress.Progress(node_rank=0, train_start_time=1_700_000_000.0)
+    p.count_work(0.0)
+    assert (
+        not {"samples", "tokens", "samplesPerSecond", "tokensPerSecond"}
+        & progress.progress_json(p, 0.0).keys()
+    )
+    p.count_work(0.0, samples=0)
+    counted = progress.progress_json(p, 0.0)
+    assert counted["samples"] == 0 and "samplesPerSecond" not in counted  # no step time yet: no rate
+    assert "tokens" not in counted
+    p.count_work(2.0, samples=64, tokens=8192)
+    report = progress.progress_json(p, 0.0)
+    assert (report["samples"], report["tokens"]) == (64, 8192)
+    assert (report["samplesPerSecond"], report["tokensPerSecond"]) == (32.0, 4096.0)
+    restored = progress.Progress(node_rank=0, train_start_time=0.0)
+    restored.resume_work(json.loads(json.dumps(report)))
+    assert restored.work_json() == {"samples": 64, "tokens": 8192}
+    restored.resume_work({"samples": -3, "tokens": "many"})  # a damaged node state: counts start over
+    assert restored.work_json() == {}
+
+
+def test_throughput_is_over_the_newest_window_of_step_time() -> None:
+    rates = progress.Throughput(window_seconds=30.0, window_steps=1000)
+    assert rates.samples_per_second() is None
+    for _ in range(50):
+        rates.add(1.0, 8, 1024)
+    assert (rates.samples_per_second(), rates.tokens_per_second()) == (8.0, 1024.0)
+    rates.add(10.0, 8, 1024)  # a slow step (a data loader's hiccup): the newest 30 s hold 21 steps
+    assert rates.samples_per_second() == pytest.approx(21 * 8 / 30)
+    few = progress.Throughput(window_seconds=30.0, window_steps=4)
+    for samples in (100, 1, 1, 1, 1):
+        few.add(0.5, samples, 0)
+    assert few.samples_per_second() == 2.0  # only the newest 4 steps count
+    assert few.tokens_per_second() == 0.0
 
 
 def test_file_sink_and_reporter_throttle(tmp_path: Path) -> None:

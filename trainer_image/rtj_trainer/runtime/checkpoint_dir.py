@@ -16,9 +16,9 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from rtj_trainer.env import CHECKPOINT_DIR, CHECKPOINT_DIR_OWNER, EnvError
+from rtj_trainer.library.env import CHECKPOINT_DIR, CHECKPOINT_DIR_OWNER, EnvError
 
-log = logging.getLogger("rtj_trainer.checkpoint_dir")
+log = logging.getLogger("rtj_trainer.runtime.checkpoint_dir")
 
 DIRECTORY_MODE = 0o2770
 

@@ -6,10 +6,14 @@ finds fewer GPUs than the node's ranks. Most leave the node Ready, so the operat
 worker; the trainer tells it instead. Any rank that sees one appends a line to
 ``<checkpoint dir>/progress/node-faults/<node>.jsonl`` (``O_APPEND``: the ranks of a node share the
 file, and it outlives in-process and in-job restarts and a pod replaced onto the same node); local
-rank 0 puts the node's count and newest reason into its progress report (:meth:`NodeFaultLog.summary`),
+rank 0 puts the node's count and newest reason into its progress report (:meth:`NodeFaults.summary`),
 and the operator treats the node as unhealthy from its ``trainerFaultThreshold`` on
 (docs/operations.md, "Node health signals"). Errors a program makes on any machine (a device-side
 assert, CUDA out of memory, a shape mismatch) are not the node's.
+
+``NodeFaults`` is public (``rtj_trainer.NodeFaults``, docs/library.md): a script counts a fault it
+caught inside its loop, or a failed GPU check, as ``rtj-train`` does, and the session's reports carry
+it (they read the same file).
 """
 
 from __future__ import annotations
@@ -98,12 +102,22 @@ def _rfc3339(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class NodeFaultLog:
-    """The node's fault lines, shared by its ranks (see the module's docstring)."""
+def _probe_gpu(index: int) -> None:
+    """A small computation on one GPU, waited for: raises when the device does not answer."""
+    import torch
 
-    def __init__(self, checkpoint_dir: str | os.PathLike[str], node: str) -> None:
-        self.node = node
-        safe = re.sub(r"[^A-Za-z0-9._-]", "_", node) or "node"
+    torch.ones(1, device=torch.device("cuda", index)).add_(1).cpu()
+    torch.cuda.synchronize(index)
+
+
+class NodeFaults:
+    """The node's fault lines, shared by its ranks (see the module's docstring); public as
+    ``rtj_trainer.NodeFaults``. ``node``: the Kubernetes node (``JobSettings.node_name``); empty, the
+    host name."""
+
+    def __init__(self, checkpoint_dir: str | os.PathLike[str], node: str = "") -> None:
+        self.node = node_name(node)
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", self.node) or "node"
         self.path = Path(checkpoint_dir) / "progress" / "node-faults" / f"{safe}.jsonl"
         self._cached: tuple[tuple[int, int], dict[str, Any] | None] | None = None
 
@@ -115,6 +129,31 @@ class NodeFaultLog:
             os.write(fd, (line + "\n").encode())
         finally:
             os.close(fd)
+
+    def note(self, error: BaseException | None) -> str | None:
+        """Count ``error`` against the node when it blames the node (:func:`node_fault_reason`, its
+        causes included); returns the reason counted, else None."""
+        reason = node_fault_reason(error)
+        if reason is not None:
+            self.record(reason)
+        return reason
+
+    def check_gpus(self, local_rank: int, *, wanted: int) -> str | None:
+        """The GPU health check before training (:func:`gpu_check_problem`: ``wanted`` GPUs visible,
+        GPU ``local_rank`` answers); a failure is counted against the node and returned, else None
+        (also without CUDA)."""
+        import torch
+
+        problem = gpu_check_problem(
+            wanted,
+            local_rank,
+            available=torch.cuda.is_available,
+            device_count=torch.cuda.device_count,
+            probe=_probe_gpu,
+        )
+        if problem is not None:
+            self.record(problem)
+        return problem
 
     def summary(self) -> dict[str, Any] | None:
         """``{"node", "count", "lastReason", "lastTime"}`` for the progress report; None when none."""

@@ -1,12 +1,15 @@
-"""The pod's progress endpoint: the newest progress report and the trainer's Prometheus metrics, over
+"""The pod's progress endpoint: the pod's progress report and the trainer's Prometheus metrics, over
 HTTP, served by ``rtj-launch``, the pod's main process.
 
 The operator reads each worker's progress from ``GET /progress`` on the pod's IP and progress port
 (docs/architecture.md, "Progress contract"); Prometheus reads ``GET /metrics``
-(``rtj_trainer.metrics``). Training processes come and go (in-process restarts, ft_launcher's in-job
-restarts); ``rtj-launch`` stays, so the endpoint answers through every restart with the last report
-local rank 0 wrote into the pod-local file (``rtj_trainer.progress.EndpointSink``). Nothing here
-talks to the Kubernetes API: the trainer needs no credentials to report.
+(``rtj_trainer.runtime.metrics``). Training processes come and go (in-process restarts, ft_launcher's in-job
+restarts); ``rtj-launch`` stays, so the endpoint answers through every restart. What it serves is
+``rtj_trainer.runtime.launcher_view.merge`` of the last report the library's local rank 0 wrote into the
+pod-local file (``rtj_trainer.library.progress.EndpointSink``) and of the launcher's view of the ranks
+(``rtj-launch`` keeps it from the rank shims' records): a script that does not use the library still
+gets a report (404 only while there is neither). Nothing here talks to the Kubernetes API: the
+trainer needs no credentials to report.
 
 Bounded: a small thread per connection (daemon threads, a socket timeout per request), and only the
 three paths; every request reads one small local file.
@@ -20,10 +23,12 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from rtj_trainer import metrics
+from rtj_trainer.runtime import launcher_view, metrics
+from rtj_trainer.runtime.launcher_view import LauncherView
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +57,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         endpoint = self.server.endpoint
         path = self.path.partition("?")[0]
         if path == PROGRESS_PATH:
-            body = endpoint.read()
-            if body is None:
+            report = endpoint.report()
+            if report is None:
                 self._answer(404, "application/json", b'{"error":"no progress report yet"}')
                 return
-            self._answer(200, "application/json", body)
-            endpoint.served(body)
+            self._answer(200, "application/json", json.dumps(report, separators=(",", ":")).encode())
+            endpoint.served(report)
         elif path == METRICS_PATH:
             text = metrics.exposition(endpoint.report(), time.time())
             self._answer(200, metrics.CONTENT_TYPE, text.encode())
@@ -78,15 +83,33 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return None  # one line per scrape would flood the container's log
 
 
-class ProgressEndpoint:
-    """Serves the report file at `path` on `port` (all addresses; IPv6 when `ipv6`)."""
+def _no_view() -> LauncherView | None:
+    return None
 
-    def __init__(self, path: Path, port: int, *, ipv6: bool = False) -> None:
+
+class ProgressEndpoint:
+    """Serves, on `port` (all addresses; IPv6 when `ipv6`), the library's report file at `path` merged
+    with the launcher view that `view` returns (None: no view, the direct and supervisor modes);
+    `node_rank` and `launch_start` fill a report made from the view alone."""
+
+    def __init__(
+        self,
+        path: Path,
+        port: int,
+        *,
+        ipv6: bool = False,
+        view: Callable[[], LauncherView | None] = _no_view,
+        node_rank: int = 0,
+        launch_start: float | None = None,
+    ) -> None:
         self.path = path
         self.port = port
         self.ipv6 = ipv6
+        self.view = view
+        self.node_rank = node_rank
+        self.launch_start = time.time() if launch_start is None else launch_start
         self._server: _Server | None = None
-        self._served: bytes | None = None
+        self._served: str | None = None
         self._changed = threading.Condition()
 
     def start(self) -> bool:
@@ -104,35 +127,38 @@ class ProgressEndpoint:
         log.info("progress endpoint on port %d (%s, %s)", self.port, PROGRESS_PATH, METRICS_PATH)
         return True
 
-    def read(self) -> bytes | None:
-        """The newest report as written, or None before the first."""
+    def library_report(self) -> dict[str, Any] | None:
+        """The newest report the library wrote, or None before the first."""
         try:
-            return self.path.read_bytes()
-        except OSError:
-            return None
-
-    def report(self) -> dict[str, Any] | None:
-        body = self.read()
-        if body is None:
-            return None
-        try:
-            loaded = json.loads(body)
-        except ValueError:
+            loaded = json.loads(self.path.read_bytes())
+        except (OSError, ValueError):
             return None
         return loaded if isinstance(loaded, dict) else None
 
-    def served(self, body: bytes) -> None:
+    def report(self, now: float | None = None) -> dict[str, Any] | None:
+        """The report to serve now: the library's merged with the launcher view; None when neither
+        exists yet."""
+        return launcher_view.merge(
+            self.library_report(),
+            self.view(),
+            now=time.time() if now is None else now,
+            node_rank=self.node_rank,
+            launch_start=self.launch_start,
+        )
+
+    def served(self, report: dict[str, Any]) -> None:
         with self._changed:
-            self._served = body
+            self._served = launcher_view.fingerprint(report)
             self._changed.notify_all()
 
     def wait_delivered(self, timeout: float) -> bool:
-        """Wait until the newest report has been read from `/progress` (by the operator), at most
-        `timeout` seconds; True when it was, or when there is none to deliver."""
+        """Wait until the newest report (its content: the time it was made aside) has been read from
+        `/progress` (by the operator), at most `timeout` seconds; True when it was, or when there is
+        none to deliver."""
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
-                current = self.read()
+                current = launcher_view.fingerprint(self.report())
                 if current is None or current == self._served:
                     return True
                 left = deadline - time.monotonic()

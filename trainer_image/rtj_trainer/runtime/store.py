@@ -1,6 +1,6 @@
 """``rtj-store --port P``: the job's store pod, so that no worker's node holds the world's stores.
 
-In supervisor mode (``rtj_trainer.supervisor``) every rank of the job, the hot spares' reserve ranks
+In supervisor mode (``rtj_trainer.runtime.supervisor``) every rank of the job, the hot spares' reserve ranks
 included, is a client of two TCPStore servers that this process hosts: port P for NVRx's in-process
 wrapper (barriers, heartbeats, interruption and termination records) and P+1 for the process groups
 of each in-process iteration. Losing a worker's node, worker 0's included, is then an ordinary node
@@ -19,15 +19,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
-log = logging.getLogger("rtj_trainer.store")
+log = logging.getLogger("rtj_trainer.runtime.store")
 
-# The wrapper's store on the given port, the process groups' on the next one (rtj_trainer.train).
+# The wrapper's store on the given port, the process groups' on the next one (rtj_trainer.reference.train).
+# The keys the ranks and the supervisor share in the process groups' store are in rtj_trainer.library.world.
 WRAPPER_STORE_OFFSET: Final = 0
 PG_STORE_OFFSET: Final = 1
-# Key a rank sets once the world has formed: a replacement pod that finds it stands by.
-WORLD_FORMED_KEY: Final = "rtj/world-formed"
-# Key rank 0 sets once the final checkpoint committed: a standing-by pod then ends with success.
-WORLD_FINISHED_KEY: Final = "rtj/world-finished"
 
 
 def serve(port: int, *, host: str = "127.0.0.1") -> list[Any]:

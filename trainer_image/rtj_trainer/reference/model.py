@@ -8,7 +8,7 @@ uninterrupted run would.
 
 Sharding is FSDP2 (``fully_shard``): it trains on gloo and NCCL alike, and each parameter's local
 shard is a plain tensor (``to_local()``), which is what a per-rank checkpoint stores.
-``rtj_trainer.train`` builds the model inside every in-process restart iteration (the device mesh
+``rtj_trainer.reference.train`` builds the model inside every in-process restart iteration (the device mesh
 belongs to that iteration's process group) and moves state in and out with :func:`local_state` and
 :func:`restore_local_state`.
 """

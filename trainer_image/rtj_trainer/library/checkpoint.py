@@ -29,7 +29,8 @@ Async saves overlap training three ways:
   only, and the durable checkpoint stays at most one write behind. Skipping must be agreed: a step
   commits only once every rank wrote it, so ranks that skipped different steps would commit none.
 
-``rtj_trainer.nvrx_compat`` holds the writer; ``rtj_trainer.train`` drives the manager once per step.
+``rtj_trainer.library.nvrx_compat`` holds the writer; ``rtj_trainer.reference.train`` and the library's
+session (``rtj_trainer.library.session``) drive the manager once per step.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from typing import Any, Final, TypeVar
 import torch
 import torch.distributed as dist
 
-from rtj_trainer.nvrx_compat import AsyncWriter, write_shard_durably
+from rtj_trainer.library.nvrx_compat import AsyncWriter, write_shard_durably
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +338,10 @@ class SaveStats:
 
 
 class CheckpointManager:
-    """One rank's view: save shards, finalize them, and (on rank 0) commit and prune."""
+    """One rank's view: save shards, finalize them, and (on rank 0) commit and prune.
+
+    Public as ``rtj_trainer.CheckpointManager`` (docs/library.md), for a script that saves its own
+    tensors (``Session.save`` builds on it)."""
 
     def __init__(
         self,

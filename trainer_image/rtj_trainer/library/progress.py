@@ -3,7 +3,7 @@
 Local rank 0 of each worker pod builds a JSON report (:func:`progress_json`, pure) and hands it to the
 sinks chosen by ``RTJ_PROGRESS_SINK``: ``endpoint`` (the newest report in the pod-local file
 ``RTJ_PROGRESS_FILE``, which ``rtj-launch`` serves on the pod's progress port for the operator to
-read, with the trainer's Prometheus metrics: ``rtj_trainer.endpoint``), ``file:<path>`` (one JSON
+read, with the trainer's Prometheus metrics: ``rtj_trainer.runtime.endpoint``), ``file:<path>`` (one JSON
 line per report, for tests and benchmarks) or ``none``, or several of them separated by commas, each
 optionally throttled on its own (``file:x@2``). No sink talks to the Kubernetes API: the trainer's
 ServiceAccount holds no permission at all. Reports are throttled to one per
@@ -11,7 +11,8 @@ ServiceAccount holds no permission at all. Reports are throttled to one per
 file, a local write, gets one at least every second (:data:`LIVE_INTERVAL_SECONDS`) and those at
 once. Each throttled report is also kept in
 ``<checkpoint dir>/progress/node-<n>.json`` so a restarted process continues the counters (restarts,
-useful step seconds, events) and can tell when the fault that restarted it happened.
+useful step seconds, samples and tokens, events) and can tell when the fault that restarted it
+happened.
 """
 
 from __future__ import annotations
@@ -21,16 +22,24 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import operator
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+if TYPE_CHECKING:
+    from rtj_trainer.library.env import JobSettings
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION: Final = 1
+# The version of the library that writes these reports, in each report's `library` field: the
+# operator tells a report of the library from the launcher's own view (rtj_trainer.runtime.launcher_view).
+LIBRARY_VERSION: Final = "0.3.0"
 MAX_EVENTS: Final = 20
 # The pod-local file the endpoint sink writes and rtj-launch serves (set by rtj-launch for its children).
 PROGRESS_FILE_ENV: Final = "RTJ_PROGRESS_FILE"
@@ -39,6 +48,14 @@ SINK_CHOICES: Final = "endpoint, file:<path> or none"
 # for the operator's reads (every 5 s) and Prometheus, without a JSON dump and a file write per step
 # (about 0.1-1 ms each, measured on a loaded 2-core machine).
 LIVE_INTERVAL_SECONDS: Final = 1.0
+# Throughput (samples and tokens per second) is measured over the newest steps' useful time: at least
+# this much of it once that much has passed, so one slow step (a data loader's hiccup) moves it little
+# and a change of pace shows within about this long.
+THROUGHPUT_WINDOW_SECONDS: Final = 30.0
+# ...and over at most this many steps, which bounds what very short steps keep in memory.
+THROUGHPUT_WINDOW_STEPS: Final = 10_000
+# The report's fields (and a checkpoint's) for the script's cumulative counts (Session.step).
+WORK_FIELDS: Final = ("samples", "tokens")
 
 
 def rfc3339(epoch: float) -> str:
@@ -47,6 +64,10 @@ def rfc3339(epoch: float) -> str:
 
 @dataclasses.dataclass
 class RecoveryEvent:
+    """One recovery from a fault, as the report's ``events`` carry it (:meth:`Progress.add_event`).
+
+    Public as ``rtj_trainer.RecoveryEvent`` (docs/library.md)."""
+
     kind: str  # InProcessRestart | InJobRestart
     step: int  # the step training resumed at
     fault_time: float
@@ -78,9 +99,68 @@ class RecoveryEvent:
         )
 
 
+def reported_count(field: str, value: object) -> int | None:
+    """One step's `samples` or `tokens` as the script passed it: None (not reported) or a whole number
+    >= 0 (an int, or an integer scalar such as a NumPy integer or a one-element integer tensor)."""
+    if value is None:
+        return None
+    try:
+        count = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        count = None
+    if count is None or isinstance(value, bool):
+        raise TypeError(f"{field} must be a whole number (an int), got {value!r}")
+    if count < 0:
+        raise ValueError(f"{field} must be >= 0, got {count}")
+    return count
+
+
+def _saved_count(value: object) -> int | None:
+    """A count a report or checkpoint kept; None when absent or not a whole number >= 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+@dataclasses.dataclass
+class Throughput:
+    """Samples and tokens per second of useful step time over the newest steps (at least
+    :data:`THROUGHPUT_WINDOW_SECONDS` of it once that much has passed, at most
+    :data:`THROUGHPUT_WINDOW_STEPS` steps). Useful step time leaves out what checkpoint saves blocked,
+    so a save does not read as a drop in pace."""
+
+    window_seconds: float = THROUGHPUT_WINDOW_SECONDS
+    window_steps: int = THROUGHPUT_WINDOW_STEPS
+    _steps: deque[tuple[float, int, int]] = dataclasses.field(default_factory=deque)
+    _seconds: float = 0.0
+    _samples: int = 0
+    _tokens: int = 0
+
+    def add(self, seconds: float, samples: int, tokens: int) -> None:
+        self._steps.append((seconds, samples, tokens))
+        self._seconds, self._samples, self._tokens = (
+            self._seconds + seconds,
+            self._samples + samples,
+            self._tokens + tokens,
+        )
+        while len(self._steps) > self.window_steps or (
+            len(self._steps) > 1 and self._seconds - self._steps[0][0] >= self.window_seconds
+        ):
+            old_seconds, old_samples, old_tokens = self._steps.popleft()
+            self._seconds -= old_seconds
+            self._samples -= old_samples
+            self._tokens -= old_tokens
+
+    def samples_per_second(self) -> float | None:
+        return self._samples / self._seconds if self._seconds > 0 else None
+
+    def tokens_per_second(self) -> float | None:
+        return self._tokens / self._seconds if self._seconds > 0 else None
+
+
 @dataclasses.dataclass
 class Progress:
-    """What one node reports; the train loop updates it every step."""
+    """What one node reports; the train loop updates it every step.
+
+    Public as ``rtj_trainer.Progress`` (docs/library.md), sent by a :class:`Reporter`."""
 
     node_rank: int
     train_start_time: float
@@ -95,11 +175,44 @@ class Progress:
     loss: float | None = None
     finished: bool = False
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    # Faults blamed on this node (rtj_trainer.node_faults.NodeFaultLog.summary), None when none.
+    # Faults blamed on this node (rtj_trainer.library.node_faults.NodeFaults.summary), None when none.
     node_faults: dict[str, Any] | None = None
+    # The samples and tokens of the steps done so far, as the script counts them (Session.step):
+    # None until it reports any.
+    samples: int | None = None
+    tokens: int | None = None
+    throughput: Throughput = dataclasses.field(default_factory=Throughput)
 
     def add_event(self, event: RecoveryEvent) -> None:
         self.events = [*self.events, event.to_json()][-MAX_EVENTS:]
+
+    def count_work(self, seconds: float, *, samples: object = None, tokens: object = None) -> None:
+        """One step's useful `seconds` and the `samples` and `tokens` it trained on (None: not
+        reported); a count that is not a whole number >= 0 is refused, naming it, before any is kept."""
+        step_samples, step_tokens = reported_count("samples", samples), reported_count("tokens", tokens)
+        if step_samples is not None:
+            self.samples = (self.samples or 0) + step_samples
+        if step_tokens is not None:
+            self.tokens = (self.tokens or 0) + step_tokens
+        self.throughput.add(seconds, step_samples or 0, step_tokens or 0)
+
+    def work_json(self) -> dict[str, int]:
+        """`samples` and `tokens`, those the script reported, as a report and a checkpoint keep them."""
+        counts = dict(zip(WORK_FIELDS, (self.samples, self.tokens), strict=True))
+        return {field: count for field, count in counts.items() if count is not None}
+
+    def resume_work(self, saved: Mapping[str, Any]) -> None:
+        """Continue from the counts a report or a checkpoint kept (:meth:`work_json`; absent: none)."""
+        self.samples, self.tokens = (_saved_count(saved.get(field)) for field in WORK_FIELDS)
+
+    def throughput_json(self) -> dict[str, float]:
+        """`samplesPerSecond` and `tokensPerSecond`, for the counts the script reports, once a step
+        took time."""
+        rates = {
+            "samplesPerSecond": None if self.samples is None else self.throughput.samples_per_second(),
+            "tokensPerSecond": None if self.tokens is None else self.throughput.tokens_per_second(),
+        }
+        return {field: round(rate, 3) for field, rate in rates.items() if rate is not None}
 
 
 def progress_json(p: Progress, now: float) -> dict[str, Any]:
@@ -112,6 +225,7 @@ def progress_json(p: Progress, now: float) -> dict[str, Any]:
         }
     out: dict[str, Any] = {
         "v": SCHEMA_VERSION,
+        "library": LIBRARY_VERSION,
         "time": rfc3339(now),
         "nodeRank": p.node_rank,
         "step": p.step,
@@ -128,7 +242,7 @@ def progress_json(p: Progress, now: float) -> dict[str, Any]:
         out["loss"] = round(p.loss, 6)
     if p.node_faults is not None:
         out["nodeFaults"] = p.node_faults
-    return out
+    return out | p.work_json() | p.throughput_json()
 
 
 class Sink(Protocol):
@@ -160,7 +274,7 @@ class EndpointSink:
     """Keeps the newest report in a pod-local file that the pod's progress endpoint serves.
 
     ``rtj-launch`` (the pod's main process, which outlives every training process) names the file
-    in ``RTJ_PROGRESS_FILE`` and serves it on the pod's progress port (``rtj_trainer.endpoint``);
+    in ``RTJ_PROGRESS_FILE`` and serves it on the pod's progress port (``rtj_trainer.runtime.endpoint``);
     the operator reads it from there. The file is replaced atomically, so a reader never sees half a
     report and a crashed writer leaves the last whole one. The Reporter sends this sink more often
     than the others (:attr:`live`: at least every :data:`LIVE_INTERVAL_SECONDS`, and at once on a
@@ -266,6 +380,8 @@ def node_state_path(checkpoint_dir: str | os.PathLike[str], node_rank: int) -> P
 
 
 def load_node_state(checkpoint_dir: str | os.PathLike[str], node_rank: int) -> dict[str, Any] | None:
+    """The node's last persisted report (a previous process's: what a restarted one continues), or
+    None. Public as ``rtj_trainer.load_node_state`` (docs/library.md)."""
     try:
         loaded: dict[str, Any] = json.loads(node_state_path(checkpoint_dir, node_rank).read_text())
     except (OSError, ValueError):
@@ -274,7 +390,9 @@ def load_node_state(checkpoint_dir: str | os.PathLike[str], node_rank: int) -> d
 
 
 def train_start_time(checkpoint_dir: str | os.PathLike[str], now: float) -> float:
-    """The job's first start, shared by every node and every restart (first writer wins)."""
+    """The job's first start, shared by every node and every restart (first writer wins).
+
+    Public as ``rtj_trainer.train_start_time`` (docs/library.md)."""
     path = Path(checkpoint_dir) / "progress" / "train-start.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
@@ -315,7 +433,9 @@ class ReportingLock:
 
 
 class Reporter:
-    """Throttles reports to the sink and persists the node state; live sinks get every report."""
+    """Throttles reports to the sink and persists the node state; live sinks get every report.
+
+    Public as ``rtj_trainer.Reporter`` (docs/library.md), made by :meth:`for_pod`."""
 
     def __init__(
         self,
@@ -325,14 +445,50 @@ class Reporter:
         *,
         enabled: bool = True,
         live_interval_seconds: float = LIVE_INTERVAL_SECONDS,
+        lock: ReportingLock | None = None,
     ) -> None:
+        """``lock``: this rank reports while it holds the pod's reporting lock (:attr:`reports`)."""
         self.enabled = enabled  # only local rank 0 of a node reports
+        self.lock = lock
         self.live, self.sink = _split_live(sink)
         self.checkpoint_dir = checkpoint_dir
         self.interval = interval_seconds
         self.live_interval = min(live_interval_seconds, interval_seconds)
         self._last = float("-inf")
         self._last_live = float("-inf")
+
+    @classmethod
+    def for_pod(
+        cls,
+        settings: JobSettings,
+        checkpoint_dir: str,
+        *,
+        local_rank: int,
+        environ: Mapping[str, str] | None = None,
+    ) -> Reporter:
+        """This rank's reporter for its pod: local rank 0 reports, or under the Supervisor launcher
+        (``settings.supervised``) whichever rank of the pod holds the pod's reporting lock
+        (:attr:`reports`), which passes on when its holder's process ends. The sinks are
+        ``settings.progress_sink``'s; ``environ`` (default: the process's) names the pod's report file
+        (``RTJ_PROGRESS_FILE``)."""
+        env = os.environ if environ is None else environ
+        supervised = settings.supervised
+        may_report = local_rank == 0 or supervised
+        return cls(
+            make_sink(settings.progress_sink, env) if may_report else NoSink(),
+            checkpoint_dir,
+            settings.progress_interval_seconds,
+            enabled=local_rank == 0 and not supervised,
+            lock=ReportingLock(env.get(PROGRESS_FILE_ENV)) if supervised else None,
+        )
+
+    @property
+    def reports(self) -> bool:
+        """Whether this rank reports for its pod now: with a lock, whether it holds it (taking it
+        when free); without, whether it is :attr:`enabled`."""
+        if self.lock is not None:
+            self.enabled = self.lock.held()
+        return self.enabled
 
     def report(self, p: Progress, *, force: bool = False) -> bool:
         """Send `p` (`force`: a commit, a recovery, the end); True when it went to the throttled

@@ -6,7 +6,7 @@ Format: faults separated by ``;``, each ``<kind>@<key>=<value>,...``::
 
 kinds: ``exception`` (a Python exception in the training step: the in-process layer recovers it),
 ``gpu-error`` (the same, with the text of a CUDA hardware error: the trainer also counts it as a
-fault of its node, ``rtj_trainer.node_faults``),
+fault of its node, ``rtj_trainer.library.node_faults``),
 ``sigkill`` (the rank SIGKILLs itself: ft_launcher restarts the workers), ``hang`` (the rank sleeps
 forever and stops sending heartbeats: the in-process hard timeout or ft_launcher's heartbeat
 timeout, whichever is shorter, recovers it).
@@ -16,7 +16,7 @@ keys: ``step`` (fire when the step starts), or ``p`` (probability per step) with
 Each planned fault fires once across restarts: the rank claims a marker file under
 ``<checkpoint dir>/faults-fired/`` (exclusive create) before it fires, so a run resumed from a
 checkpoint before the fault's step does not fire it again. For ``p`` faults the claim is per step.
-The train loop (``rtj_trainer.train``) calls :meth:`FaultInjector.maybe_fire` at the start of
+The train loop (``rtj_trainer.reference.train``) calls :meth:`FaultInjector.maybe_fire` at the start of
 every step; the marker's timestamp is also the fault time used for the recovery figures.
 """
 

@@ -2,14 +2,15 @@
 
 One process per rank (ft_launcher sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT; without them
 it runs as a single rank). The training function runs under NVRx's in-process ``Wrapper``
-(``rtj_trainer.restart``): on an exception in any rank, every rank restarts the function in the same
+(``rtj_trainer.reference.restart``): on an exception in any rank, every rank restarts the function in the same
 interpreter; the process group (on a fresh store prefix), the FSDP2 model and the optimizer are
 rebuilt inside it, and the state comes back from memory when every rank holds the same, intact
-step, otherwise from the newest complete checkpoint (``rtj_trainer.checkpoint``). A killed or hung
-rank is ft_launcher's job: the new processes resume from the checkpoint, and the node's persisted
-progress (``rtj_trainer.progress``) tells them which fault they are recovering from. A drain (the
-pod's SIGTERM, ``rtj_trainer.drain``) ends the step in progress, commits a checkpoint of it on every
-rank and exits.
+step, otherwise from the newest complete checkpoint (``rtj_trainer.CheckpointManager``). A killed or
+hung rank is ft_launcher's job: the new processes resume from the checkpoint, and the node's
+persisted progress (``rtj_trainer.load_node_state``) tells them which fault they are recovering from.
+A drain (the pod's SIGTERM, ``rtj_trainer.install_drain_handler``) ends the step in progress, commits
+a checkpoint of it on every rank and exits. Everything resilient goes through the library's public
+API (``rtj_trainer.__all__``, docs/library.md), as a user's script does.
 
 Ports: ft_launcher's store listens on MASTER_PORT; the process groups' store on MASTER_PORT+1 and
 the wrapper's store on MASTER_PORT+2 (both hosted by rank 0).
@@ -33,12 +34,9 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from rtj_trainer import drain as drain_mod
-from rtj_trainer import faults as faults_mod
-from rtj_trainer import node_faults, replica
-from rtj_trainer.checkpoint import CheckpointManager
-from rtj_trainer.env import ACTIVE_WORLD_SIZE, MODE_ASYNC, TrainerEnv
-from rtj_trainer.model import (
+import rtj_trainer
+from rtj_trainer.reference import replica
+from rtj_trainer.reference.model import (
     ModelConfig,
     batch_for_step,
     build_model,
@@ -47,21 +45,8 @@ from rtj_trainer.model import (
     shard_model,
     transition_table,
 )
-from rtj_trainer.nvrx_compat import Heartbeats, wrapped_entry
-from rtj_trainer.progress import (
-    PROGRESS_FILE_ENV,
-    NoSink,
-    Progress,
-    RecoveryEvent,
-    Reporter,
-    ReportingLock,
-    load_node_state,
-    make_sink,
-    train_start_time,
-)
-from rtj_trainer.restart import MainThreadPoker, WorldBrokenError
-from rtj_trainer.store import WORLD_FINISHED_KEY, WORLD_FORMED_KEY
-from rtj_trainer.supervisor import WORLD_BROKEN_EXIT_CODE
+from rtj_trainer.reference.restart import MainThreadPoker, WorldBrokenError
+from rtj_trainer.rehearsal import faults as faults_mod
 
 log = logging.getLogger("rtj_trainer")
 
@@ -122,12 +107,6 @@ def _parse_time(value: Any) -> float | None:
         return None
 
 
-def _probe_gpu(index: int) -> None:
-    """A small computation on one GPU, waited for: raises when the device does not answer."""
-    torch.ones(1, device=torch.device("cuda", index)).add_(1).cpu()
-    torch.cuda.synchronize(index)
-
-
 @dataclasses.dataclass
 class Memory:
     """The newest state in memory, kept across in-process restarts (references, not copies)."""
@@ -149,15 +128,18 @@ class PendingRecovery:
 
 class Trainer:
     def __init__(
-        self, args: argparse.Namespace, env: TrainerEnv, drain: drain_mod.DrainRequest | None = None
+        self,
+        args: argparse.Namespace,
+        env: rtj_trainer.JobSettings,
+        drain: rtj_trainer.DrainRequest | None = None,
     ) -> None:
         self.args = args
         self.env = env
-        self.drain = drain if drain is not None else drain_mod.DrainRequest(None)
+        self.drain = drain if drain is not None else rtj_trainer.DrainRequest(None)
         # In supervisor mode WORLD_SIZE counts the reserve ranks too; the training world is the
         # active part, and a reserve rank learns its index when it is activated (run()).
         self.rank = int(os.environ["RANK"])
-        self.world_size = int(os.environ.get(ACTIVE_WORLD_SIZE) or os.environ["WORLD_SIZE"])
+        self.world_size = env.active_world_size or int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.master_addr = os.environ["MASTER_ADDR"]
         self.master_port = int(os.environ["MASTER_PORT"])
@@ -171,8 +153,8 @@ class Trainer:
         )
         self.checkpoint_dir = args.checkpoint_dir or env.checkpoint_dir
         self.interval = args.checkpoint_interval or env.checkpoint_interval_steps
-        self.asynchronous = (args.checkpoint_mode or env.checkpoint_mode) == MODE_ASYNC
-        self.heartbeats = Heartbeats()
+        self.asynchronous = (args.checkpoint_mode or env.checkpoint_mode) == "Async"
+        self.heartbeats = rtj_trainer.Heartbeats()
         self.ckpt = self._checkpoint_manager(self.rank)
         self.faults = faults_mod.FaultInjector(
             faults_mod.parse_faults(env.faults), self.checkpoint_dir, self.rank
@@ -180,7 +162,6 @@ class Trainer:
         self.memory = Memory()
         self.tier = replica.MemoryTier(stride=max(env.nproc_per_node, 1))
         self.poker: MainThreadPoker | None = None
-        self.reporting_lock = ReportingLock(os.environ.get(PROGRESS_FILE_ENV)) if env.supervised else None
         self.current_step = 0
         self.loop_started: float | None = None  # the first step of this process
         self.iteration_started = time.time()
@@ -190,7 +171,7 @@ class Trainer:
 
         now = time.time()
         node_rank = env.node_rank
-        prior = load_node_state(self.checkpoint_dir, node_rank)
+        prior = rtj_trainer.load_node_state(self.checkpoint_dir, node_rank)
         self.in_process_base = 0
         events: list[dict[str, Any]] = []
         self.pending: PendingRecovery | None = None
@@ -198,8 +179,8 @@ class Trainer:
             self.in_process_base = int(prior.get("restarts", {}).get("inProcess", 0))
             events = list(prior.get("events", []))
             self.pending = self._in_job_fault(prior, events, now)
-        self.progress = Progress(
-            node_rank=node_rank, train_start_time=train_start_time(self.checkpoint_dir, now)
+        self.progress = rtj_trainer.Progress(
+            node_rank=node_rank, train_start_time=rtj_trainer.train_start_time(self.checkpoint_dir, now)
         )
         self.progress.events = events
         # TORCHELASTIC_RESTART_COUNT is per agent and stays 0 on a node whose workers restarted
@@ -209,16 +190,10 @@ class Trainer:
             self.in_job_restarts = max(self.in_job_restarts, persisted)
         self.progress.restarts_in_job = self.in_job_restarts
         self.progress.restarts_in_process = self.in_process_base
-        self.node_faults = node_faults.NodeFaultLog(self.checkpoint_dir, node_faults.node_name(env.node_name))
+        self.node_faults = rtj_trainer.NodeFaults(self.checkpoint_dir, env.node_name)
         # One rank per pod reports: local rank 0, or in supervisor mode whichever active rank of
         # the pod holds the reporting lock (it passes on when its holder dies).
-        reports = self.local_rank == 0 or env.supervised
-        self.reporter = Reporter(
-            make_sink(env.progress_sink) if reports else NoSink(),
-            self.checkpoint_dir,
-            env.progress_interval_seconds,
-            enabled=self.local_rank == 0 and not env.supervised,
-        )
+        self.reporter = rtj_trainer.Reporter.for_pod(env, self.checkpoint_dir, local_rank=self.local_rank)
         # Before any use of the GPU: a GPU that is gone or does not answer is the node's fault.
         self.check_gpus()
         if torch.cuda.is_available():
@@ -250,8 +225,8 @@ class Trainer:
                 multi_tenant=True,
             )
 
-    def _checkpoint_manager(self, rank: int) -> CheckpointManager:
-        return CheckpointManager(
+    def _checkpoint_manager(self, rank: int) -> rtj_trainer.CheckpointManager:
+        return rtj_trainer.CheckpointManager(
             self.checkpoint_dir,
             rank=rank,
             world_size=self.world_size,
@@ -317,7 +292,7 @@ class Trainer:
                 rank,
                 world_size,
             )
-            os._exit(WORLD_BROKEN_EXIT_CODE)
+            os._exit(rtj_trainer.WORLD_BROKEN_EXIT_CODE)
         previous_start, self.iteration_started = self.iteration_started, time.time()
         if iteration > 0:
             self.pending = self._in_process_fault(previous_start)
@@ -332,7 +307,7 @@ class Trainer:
             device_id=self.device if self.backend == "nccl" else None,
         )
         if self.env.supervised and self.rank == 0 and iteration == 0:
-            self.pg_store.set(WORLD_FORMED_KEY, str(time.time()))
+            self.pg_store.set(rtj_trainer.WORLD_FORMED_KEY, str(time.time()))
         try:
             result = self._train(iteration, call_wrapper)
         except BaseException:
@@ -515,7 +490,7 @@ class Trainer:
         if self.pending is None:
             return False
         pending, self.pending = self.pending, None
-        event = RecoveryEvent(
+        event = rtj_trainer.RecoveryEvent(
             kind=pending.kind,
             step=resumed_step,
             fault_time=pending.fault_time,
@@ -546,7 +521,7 @@ class Trainer:
             p.last_checkpoint_step, p.last_checkpoint_time = last.step, last.time
 
     def _drain(self, step: int, loss_value: float, step_seconds: float, call_wrapper: Any) -> NoReturn:
-        """Every rank: save ``step``, wait for its commit, report, exit (``rtj_trainer.drain``)."""
+        """Every rank: save ``step``, wait for its commit, report, exit (``rtj_trainer.DrainRequest``)."""
         if self.rank == 0 or self.drain.requested:
             log.warning(
                 "rank %d: %s at step %d: saving a checkpoint before exiting",
@@ -585,7 +560,7 @@ class Trainer:
             raise RuntimeError(f"final checkpoint of step {steps} did not commit")
         dist.barrier()
         if self.env.supervised and self.rank == 0:
-            self.pg_store.set(WORLD_FINISHED_KEY, str(steps))
+            self.pg_store.set(rtj_trainer.WORLD_FINISHED_KEY, str(steps))
         self.ckpt.poll()
         self.ckpt.refresh()
         self._update_progress(steps, self.progress.step_time_seconds, 0.0, self.progress.loss or 0.0)
@@ -608,10 +583,7 @@ class Trainer:
     def reports(self) -> bool:
         """Whether this rank reports for its pod: local rank 0, or in supervisor mode the active
         rank holding the pod's reporting lock."""
-        if self.reporting_lock is not None:
-            self.reporter.enabled = self.reporting_lock.held()
-            return self.reporter.enabled
-        return self.local_rank == 0
+        return self.reporter.reports
 
     def report(self, *, force: bool = False) -> None:
         """Report progress (one rank per pod), with the faults this node's ranks blamed on it."""
@@ -620,27 +592,19 @@ class Trainer:
             self.reporter.report(self.progress, force=force)
 
     def note_node_fault(self, error: BaseException | None) -> None:
-        """Count `error` as a fault of this node if it blames the node (rtj_trainer.node_faults)."""
-        reason = node_faults.node_fault_reason(error)
+        """Count `error` as a fault of this node if it blames the node (rtj_trainer.NodeFaults)."""
+        reason = self.node_faults.note(error)
         if reason is not None:
             log.warning("rank %d: fault attributed to node %s: %s", self.rank, self.node_faults.node, reason)
-            self.node_faults.record(reason)
 
     def check_gpus(self) -> None:
         """A GPU health check before training; a failure is a fault of the node and ends the process
         (ft_launcher restarts it, and the operator moves the worker once the count passes its
         threshold)."""
         wanted = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.env.nproc_per_node)))
-        problem = node_faults.gpu_check_problem(
-            wanted,
-            self.local_rank,
-            available=torch.cuda.is_available,
-            device_count=torch.cuda.device_count,
-            probe=_probe_gpu,
-        )
+        problem = self.node_faults.check_gpus(self.local_rank, wanted=wanted)
         if problem is None:
             return
-        self.node_faults.record(problem)
         self.report(force=True)
         raise RuntimeError(problem)
 
@@ -676,16 +640,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stdout,
     )
     ensure_rank_env()
-    env = TrainerEnv.from_environ(os.environ)
-    from rtj_trainer.restart import make_wrapper
+    env = rtj_trainer.JobSettings.from_environ(os.environ)
+    from rtj_trainer.reference.restart import restartable
 
-    trainer = Trainer(args, env, drain_mod.install_handler())
+    trainer = Trainer(args, env, rtj_trainer.install_drain_handler())
     trainer.poker = MainThreadPoker()
     trainer.poker.install()
     # Supervisor mode: the store pod serves the wrapper's store on MASTER_PORT and the process
     # groups' on the next port; otherwise ft_launcher's is on MASTER_PORT and rank 0 hosts the others.
     wrapper_port = trainer.master_port + (0 if env.supervised else WRAPPER_STORE_PORT_OFFSET)
-    wrapper = make_wrapper(
+    train = restartable(
+        trainer.run,
         env,
         store_host=trainer.master_addr,
         store_port=wrapper_port,
@@ -699,11 +664,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the ~0.4 s a pass over torch's objects costs (each restart runs it until nothing is freed).
     gc.freeze()
     try:
-        rc = wrapped_entry(wrapper, trainer.run)()
+        rc = train()
     except WorldBrokenError as error:
         log.error("rank %d: %s", trainer.rank, error)
         trainer.report(force=True)
-        return WORLD_BROKEN_EXIT_CODE
+        return rtj_trainer.WORLD_BROKEN_EXIT_CODE
     except BaseException as error:
         # The fault ends this process (in-process restarts off or used up): count it before ft_launcher
         # starts the next one, and tell the operator.

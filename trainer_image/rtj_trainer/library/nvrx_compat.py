@@ -2,9 +2,10 @@
 
 NVRx 0.4.1 is the newest release that installs on the Python 3.11 development machines; the GPU image
 pins a newer one on Python 3.12. Everything that differs between releases, or that reaches past the
-public API to work on CPU, lives here: the async checkpoint writer (``rtj_trainer.checkpoint`` uses
-it), the in-process ``Wrapper`` keyword arguments (``rtj_trainer.restart``), the heartbeat client
-(``rtj_trainer.train``) and ft_launcher's flags (``rtj_trainer.launch``).
+public API to work on CPU, lives here: the async checkpoint writer (``rtj_trainer.library.checkpoint`` uses
+it), the in-process ``Wrapper`` keyword arguments (``rtj_trainer.library.in_process``) and ft_launcher's
+flags and environment (``rtj_trainer.runtime.launch``). The heartbeat client, on NVRx's public API
+alone, is the library's ``heartbeats``.
 
 Two releases are supported and tested on every run (docs/trainer.md has the table of differences):
 0.4.1, installed in the development environment, and 0.7.0, the image's, whose pure-Python modules
@@ -18,7 +19,6 @@ import ctypes
 import inspect
 import os
 import signal
-import time
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any, Final, Optional
@@ -45,6 +45,14 @@ def nvrx_version() -> tuple[int, ...]:
 # --ft-param-enable-nic-monitor spelling warns); the restart policy flag --ft-restart-policy
 # exists from 0.4 on. 0.7.0 keeps the names but parses the heartbeat timeouts as strings (converted
 # later; "null" means none), so the values are always formatted as plain numbers.
+#
+# The config file: --ft-cfg-path on both releases (0.4.1 also takes the deprecated
+# --fault-tol-cfg-path, gone in 0.7.0). Both read it with FaultToleranceConfig.from_yaml_file: a
+# YAML document with a `fault_tolerance:` mapping (at the top or nested; a file without one is
+# silently ignored), whose keys are FaultToleranceConfig's fields (rank_section_timeouts,
+# rank_out_of_section_timeout, ...; unknown keys are ignored). Every --ft-* flag given on the command
+# line (or with a default other than None, such as --ft-enable-nic-monitor on 0.4.1) overrides the
+# file's value for that field (FaultToleranceConfig.from_args).
 # ---------------------------------------------------------------------------------------------
 
 NVRX_0_7: Final = (0, 7, 0)
@@ -57,13 +65,38 @@ WORKERS_STOP_TIMEOUT_SECONDS: Final = 15
 
 
 def ft_launcher_flags(version: tuple[int, ...] | None = None) -> Mapping[str, str]:
-    """Flag names for ``rtj_trainer.launch``, by the installed (or given) NVRx version."""
+    """Flag names for ``rtj_trainer.runtime.launch``, by the installed (or given) NVRx version."""
     _ = version if version is not None else nvrx_version()
     return {
         "initial_heartbeat_timeout": "--ft-initial-rank-heartbeat-timeout",
         "heartbeat_timeout": "--ft-rank-heartbeat-timeout",
         "nic_monitor": "--ft-enable-nic-monitor",
+        "config_path": "--ft-cfg-path",
     }
+
+
+# The variable 0.7.0's rendezvous reads, in ft_launcher's own environment, for a node's
+# infrastructure rank (nvidia_resiliency_ext.fault_tolerance.utils.get_infrastructure_rank: after
+# the SLURM variables, none of which a pod has). 0.7.0 has no flag for it (no
+# --ft-use-infra-group-rank): its barrier rendezvous always orders the nodes by infrastructure rank,
+# and without one it assigns them in the order of their node descriptors (address, pid). ft_launcher
+# sets GROUP_RANK afresh in each worker's environment, so this one reaches no training process.
+INFRA_RANK_ENV: Final = "GROUP_RANK"
+
+
+def ft_launcher_environment(node_rank: int, version: tuple[int, ...] | None = None) -> dict[str, str]:
+    """Variables for ft_launcher's own environment, so that worker ``node_rank`` holds group rank
+    ``node_rank`` while all the job's workers take part in the rendezvous.
+
+    0.7.0: the infrastructure rank (:data:`INFRA_RANK_ENV`). 0.4.1 has no such notion: its c10d
+    rendezvous gives each node the rank it held in the previous round and fills the rest in the
+    sorted order of the node descriptors (``<address>_<pid>_<n>``), so the group rank follows the
+    pods' addresses, not their worker index, and nothing is set.
+    """
+    release = version if version is not None else nvrx_version()
+    if release >= NVRX_0_7:
+        return {INFRA_RANK_ENV: str(node_rank)}
+    return {}
 
 
 def ft_launcher_tuning(*, cpu: bool, version: tuple[int, ...] | None = None) -> list[str]:
@@ -87,55 +120,6 @@ def ft_launcher_tuning(*, cpu: bool, version: tuple[int, ...] | None = None) -> 
     if release >= NVRX_0_7 and cpu:
         args += ["--ft-enable-nic-healthcheck=false", "--ft-gpu-memory-reclaim-timeout=0"]
     return args
-
-
-# ---------------------------------------------------------------------------------------------
-# Heartbeats to ft_launcher's rank monitor.
-# ---------------------------------------------------------------------------------------------
-
-FT_IPC_ENV: Final = "FT_RANK_MONITOR_IPC_SOCKET"
-
-
-class Heartbeats:
-    """``RankMonitorClient`` when running under ft_launcher, otherwise nothing.
-
-    ``init_workload_monitoring()`` raises outside ft_launcher, so a plain ``rtj-train`` (tests, a
-    laptop) runs without heartbeats.
-    """
-
-    def __init__(self) -> None:
-        self._client: Any = None
-        self._last_beat = 0.0
-        if os.environ.get(FT_IPC_ENV):
-            from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
-
-            self._client = RankMonitorClient()
-
-    @property
-    def enabled(self) -> bool:
-        return self._client is not None
-
-    def connect(self) -> None:
-        """(Re)connect after the process group exists: a new in-process iteration reconnects."""
-        if self._client is None:
-            return
-        if self._client.is_initialized:
-            self._client.shutdown_workload_monitoring()
-        self._client.init_workload_monitoring()
-
-    def beat(self) -> None:
-        if self._client is not None and self._client.is_initialized:
-            self._client.send_heartbeat()
-            self._last_beat = time.monotonic()
-
-    def keepalive(self) -> None:
-        """A heartbeat from a wait loop: at most one a second."""
-        if time.monotonic() - self._last_beat >= 1.0:
-            self.beat()
-
-    def close(self) -> None:
-        if self._client is not None and self._client.is_initialized:
-            self._client.shutdown_workload_monitoring()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,12 +202,12 @@ class AsyncWriter:
         """Start the writer process now (spawning it takes seconds) instead of in the first save.
 
         It starts with SIGTERM blocked and its first request installs the drain-aware handler
-        (``rtj_trainer.drain``): a drain's SIGTERM, which reaches the rank's whole process group,
+        (``rtj_trainer.library.drain``): a drain's SIGTERM, which reaches the rank's whole process group,
         must not kill the writer that saves the drain's checkpoint.
         """
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 
-        from rtj_trainer import drain
+        from rtj_trainer.library import drain
 
         if self._queue.persistent_caller.process is None:
             with drain.sigterm_blocked():

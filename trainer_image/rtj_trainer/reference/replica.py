@@ -1,6 +1,6 @@
 """The memory tier: each rank's training state copied to a peer rank on another node.
 
-Every few steps each rank flattens its local state (``rtj_trainer.model.local_state``: its shards
+Every few steps each rank flattens its local state (``rtj_trainer.reference.model.local_state``: its shards
 of the parameters and optimizer state) into one byte buffer and sends it to its *holder*, the rank
 ``stride`` places ahead in the ring (``stride`` = ranks per node, so the holder is on the next node),
 while it receives, and keeps in host memory, the state of the rank ``stride`` places behind. When

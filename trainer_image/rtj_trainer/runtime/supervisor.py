@@ -3,18 +3,19 @@
 Every pod of the job, workers and hot spares alike, starts ``RTJ_NPROC_PER_NODE`` rank processes
 with global ranks ``slot * nproc + local rank`` in a world of ``slots * nproc`` ranks, of which the
 first ``nnodes * nproc`` are active and the rest are NVRx reserve ranks (torch imported, waiting
-inside the in-process wrapper). The world's stores live in the job's store pod (``rtj_trainer.store``).
-There is no ft_launcher and no torchelastic rendezvous: a rank that dies, or a node that is lost,
-is replaced in-process by a reserve rank (``rtj_trainer.restart.reassign``), and the surviving ranks'
-processes go on. So this supervisor does not restart anything: one rank's death leaves its siblings
-running. The pod's exit status: 0 once every local rank has ended and one of them finished the
-training; otherwise the first failure's (the operator then restarts the job: a world that can no
-longer go on, for instance with no reserve rank left, ends every rank with
-``WORLD_BROKEN_EXIT_CODE``).
+inside the in-process wrapper). The world's stores live in the job's store pod
+(``rtj_trainer.runtime.store``). There is no ft_launcher and no torchelastic rendezvous: a rank that
+dies, or a node that is lost, is replaced in-process by a reserve rank
+(``rtj_trainer.reference.restart.reassign``), and the surviving ranks' processes go on. So this
+supervisor does not restart anything: one rank's death leaves its siblings running. The pod's exit
+status: 0 once every local rank has ended and one of them finished the training; otherwise the first
+failure's (the operator then restarts the job: a world that can no longer go on, for instance with
+no reserve rank left, ends every rank with ``WORLD_BROKEN_EXIT_CODE``; the ranks and this
+supervisor share it and the store keys through ``rtj_trainer.library.world``).
 
 A pod that starts after the world formed (the replacement of a lost pod: the store holds
-``rtj_trainer.store.WORLD_FORMED_KEY``) cannot join it, since NVRx's world is fixed at its start; it
-holds its node as a standby until the operator deletes it or the job ends.
+``WORLD_FORMED_KEY``) cannot join it, since NVRx's world is fixed at its start; it holds its node as
+a standby until the operator deletes it or the job ends.
 """
 
 from __future__ import annotations
@@ -30,14 +31,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from rtj_trainer import drain
-from rtj_trainer.env import ACTIVE_WORLD_SIZE, TrainerEnv
-from rtj_trainer.store import PG_STORE_OFFSET, WORLD_FINISHED_KEY, WORLD_FORMED_KEY
+from rtj_trainer.library import drain
+from rtj_trainer.library.env import ACTIVE_WORLD_SIZE, TrainerEnv
+from rtj_trainer.library.world import WORLD_BROKEN_EXIT_CODE, WORLD_FINISHED_KEY, WORLD_FORMED_KEY
+from rtj_trainer.runtime.store import PG_STORE_OFFSET
 
-log = logging.getLogger("rtj_trainer.supervisor")
+log = logging.getLogger("rtj_trainer.runtime.supervisor")
 
-# A rank's exit status when the in-process world cannot go on (rtj_trainer.train).
-WORLD_BROKEN_EXIT_CODE: Final = 3
 POLL_SECONDS: Final = 0.2
 
 
@@ -147,10 +147,12 @@ def supervise_ranks(
     marker: Path,
     *,
     preexec: Callable[[], None] | None = None,
+    started: Callable[[Sequence[subprocess.Popen[bytes]]], None] | None = None,
 ) -> int:
     """Run one process per environment, each in its own session; forward SIGTERM (after marking
     the drain) to all of them, also one that came before they existed; wait for all; return the
-    pod's status (``pod_status``), or the drain's when a SIGTERM ended a failing run."""
+    pod's status (``pod_status``), or the drain's when a SIGTERM ended a failing run. `started`
+    is told the processes once they run (rtj-launch stops ft_launcher on a start-up failure)."""
     received: list[int] = []
     children: list[subprocess.Popen[bytes]] = []
 
@@ -173,6 +175,8 @@ def supervise_ranks(
             subprocess.Popen(list(command), env={**rank_env, drain.DRAIN_FILE_ENV: str(marker)},
                              start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509 - no threads yet
         )  # fmt: skip
+    if started is not None:
+        started(children)
     if received:  # a signal that came before the children existed
         for child in children:
             with contextlib.suppress(ProcessLookupError):

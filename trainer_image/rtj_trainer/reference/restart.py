@@ -14,8 +14,10 @@ raises, times out or stops pinging. What makes that fast and safe here:
 * Timeouts come from the environment contract. The monitor intervals are short, since recovery
   cannot be faster than the wrapper notices the fault.
 
-``rtj_trainer.train`` rebuilds the process group, the FSDP model and RANK/WORLD_SIZE inside the
-wrapped function; ``rtj_trainer.nvrx_compat`` filters the keyword arguments by NVRx release.
+``rtj_trainer.reference.train`` rebuilds the process group, the FSDP model and RANK/WORLD_SIZE inside the
+wrapped function. The wrapper itself is the library's public ``rtj_trainer.wrap_in_process``, which
+keeps the differences between NVRx releases out of here (the keyword arguments each accepts, the
+NVML checks before a restart); what this module adds is ``rtj-train``'s own configuration.
 """
 
 from __future__ import annotations
@@ -33,8 +35,7 @@ from typing import Any, Final, TypeVar
 import torch
 from nvidia_resiliency_ext import inprocess
 
-from rtj_trainer.env import TrainerEnv
-from rtj_trainer.nvrx_compat import limit_restart_health_check, wrapper_kwargs
+import rtj_trainer
 
 log = logging.getLogger(__name__)
 
@@ -238,16 +239,19 @@ class StoreClient(inprocess.store.TCPStore):  # type: ignore[misc]
         )
 
 
-def make_wrapper(
-    env: TrainerEnv,
+def restartable(
+    fn: Callable[[Any], int],
+    env: rtj_trainer.JobSettings,
     *,
     store_host: str,
     store_port: int,
     keep_ports: Collection[int],
     poker: MainThreadPoker | None = None,
     active_world_size: int | None = None,
-) -> Any:
-    """The configured ``inprocess.Wrapper`` (disabled when ``RTJ_INPROCESS_ENABLED=false``).
+) -> Callable[[], int]:
+    """``fn`` under the configured ``inprocess.Wrapper`` (disabled when ``RTJ_INPROCESS_ENABLED=false``):
+    calling the result runs ``fn(call_wrapper)`` until it returns, restarting it in this interpreter
+    after a fault; ``call_wrapper`` is NVRx's ``CallWrapper`` (None when disabled).
 
     With ``active_world_size`` (supervisor mode) the world holds reserve ranks past it, the stores
     live in the store pod and a terminated rank is replaced by a reserve rank (``reassign``)."""
@@ -290,6 +294,4 @@ def make_wrapper(
         store_kwargs["wait_for_workers"] = False
         requested["store_factory"] = StoreClient
         requested["rank_assignment"] = ReplaceFromReserve(active_world_size)
-    wrapper = inprocess.Wrapper(**wrapper_kwargs(requested))
-    limit_restart_health_check(wrapper, health_check, cuda=torch.cuda.is_available())
-    return wrapper
+    return rtj_trainer.wrap_in_process(fn, **requested)

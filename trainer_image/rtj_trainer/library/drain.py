@@ -2,12 +2,12 @@
 
 The chain, from the kubelet down (docs/trainer.md, "Drains"):
 
-1. The kubelet sends SIGTERM to the container's main process, ``rtj-launch`` (``rtj_trainer.launch``),
+1. The kubelet sends SIGTERM to the container's main process, ``rtj-launch`` (``rtj_trainer.runtime.launch``),
    which runs ft_launcher as a child in its own session (so the signal reaches ft_launcher only
    through ``rtj-launch``, never first).
 2. ``rtj-launch`` creates the drain file (its path is in ``RTJ_DRAIN_FILE``, under the pod's TMPDIR)
    and forwards SIGTERM to ft_launcher, which forwards it to its workers.
-3. A worker's handler (:func:`install_handler`) tells that SIGTERM apart from the one ft_launcher
+3. A worker's handler (:func:`install_drain_handler`) tells that SIGTERM apart from the one ft_launcher
    sends when it stops its workers for an in-job restart: only a drain has the file. Without it the
    handler does what SIGTERM always did (the process dies at once); with it, it only records the
    request.
@@ -31,12 +31,12 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
-from rtj_trainer import env
+from rtj_trainer.library import env
 
 if TYPE_CHECKING:
     import torch
 
-log = logging.getLogger("rtj_trainer.drain")
+log = logging.getLogger("rtj_trainer.library.drain")
 
 # Set by rtj-launch for its children: the file whose existence marks a drain of this pod.
 DRAIN_FILE_ENV: Final = "RTJ_DRAIN_FILE"
@@ -64,7 +64,9 @@ def step_file(marker: Path) -> Path:
 
 
 class DrainRequest:
-    """This rank's drain state: requested by SIGTERM (with the drain file present), agreed per step."""
+    """This rank's drain state: requested by SIGTERM (with the drain file present), agreed per step.
+
+    Public as ``rtj_trainer.DrainRequest`` (docs/library.md), made by :func:`install_drain_handler`."""
 
     def __init__(self, marker: Path | None) -> None:
         self.marker = marker
@@ -107,8 +109,11 @@ class DrainRequest:
         os.replace(tmp, target)
 
 
-def install_handler(marker: Path | None = None) -> DrainRequest:
-    """Install the SIGTERM handler of a training process (in its main thread) and return its state."""
+def install_drain_handler(marker: Path | None = None) -> DrainRequest:
+    """Install the SIGTERM handler of a training process (in its main thread) and return its state.
+
+    Public as ``rtj_trainer.install_drain_handler`` (docs/library.md). ``marker``: the drain file
+    (default: ``RTJ_DRAIN_FILE``'s; none: every SIGTERM ends the process as without a handler)."""
     request = DrainRequest(marker if marker is not None else drain_file())
     signal.signal(signal.SIGTERM, request.handle_sigterm)
     return request

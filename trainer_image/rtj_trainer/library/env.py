@@ -2,8 +2,10 @@
 
 The operator renders these variables on every worker and spare container (docs/architecture.md,
 "Environment contract"); ``rtj_operator.constants`` keeps the operator's copy of the names and a test
-keeps the two in step. Everything else in ``rtj_trainer`` takes a ``TrainerEnv`` instead of reading
-``os.environ`` itself, so tests can build one from a plain dict.
+keeps the two in step. Everything else in ``rtj_trainer`` takes a ``JobSettings`` instead of reading
+``os.environ`` itself, so tests can build one from a plain dict. ``JobSettings`` is public too
+(``rtj_trainer.JobSettings``, docs/library.md): a script of one's own reads the job's settings from it,
+as ``rtj-train`` does; the project's own modules know it by its older name, ``TrainerEnv``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ PROGRESS_PORT: Final = "RTJ_PROGRESS_PORT"
 # operator to read the final report.
 PROGRESS_LINGER_SECONDS: Final = "RTJ_PROGRESS_LINGER_SECONDS"
 FAULTS: Final = "RTJ_FAULTS"
+# Rendered only when the spec sets the field they come from. spec.progress.stepLogPattern: the Python
+# regex each rank's output lines are searched for. The rank shim (rtj_trainer.runtime.rankshim) reads
+# it, with its own copy of the name (it imports nothing of rtj_trainer; a test keeps the two equal),
+# and rtj-launch checks it before anything starts (rtj_trainer.runtime.launch.check_step_log_pattern).
+STEP_LOG_PATTERN: Final = "RTJ_STEP_LOG_PATTERN"
+# spec.faultTolerance.ftLauncher.config: ft_launcher's config file as YAML text; rtj-launch writes it
+# to a file and passes ft_launcher its config-path flag.
+FT_CONFIG: Final = "RTJ_FT_CONFIG"
+# spec.faultTolerance.ftLauncher.configMap: the path of that file, mounted from a ConfigMap.
+FT_CONFIG_FILE: Final = "RTJ_FT_CONFIG_FILE"
 TERMINATION_MESSAGE_PATH: Final = "RTJ_TERMINATION_MESSAGE_PATH"
 # Only on the checkpoint-directory init container (rtj-launch --prepare-checkpoint-dir): "<uid>:<gid>".
 CHECKPOINT_DIR_OWNER: Final = "RTJ_CHECKPOINT_DIR_OWNER"
@@ -53,7 +65,7 @@ LAUNCH_MODE: Final = "RTJ_LAUNCH_MODE"
 LAUNCH_MODE_DIRECT: Final = "direct"
 # Rendered under faultTolerance.launcher Supervisor only (on workers and spares), with LAUNCH_MODE:
 # rtj-launch starts the pod's ranks itself in one fixed world that holds the hot spares' reserve
-# ranks, with its stores in the job's store pod (rtj_trainer.supervisor).
+# ranks, with its stores in the job's store pod (rtj_trainer.runtime.supervisor).
 LAUNCH_MODE_SUPERVISOR: Final = "supervisor"
 SLOT: Final = "RTJ_SLOT"
 SLOTS: Final = "RTJ_SLOTS"
@@ -94,6 +106,9 @@ CONTRACT_NAMES: Final = (
     PROGRESS_SINK,
     PROGRESS_PORT,
     FAULTS,
+    STEP_LOG_PATTERN,
+    FT_CONFIG,
+    FT_CONFIG_FILE,
     TERMINATION_MESSAGE_PATH,
     LAUNCH_MODE,
     SLOT,
@@ -147,8 +162,11 @@ def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainerEnv:
-    """The contract's values with the operator's defaults (docs/architecture.md, spec defaults)."""
+class JobSettings:
+    """The contract's values with the operator's defaults (docs/architecture.md, spec defaults).
+
+    Public as ``rtj_trainer.JobSettings``: read-only (frozen), built by ``from_environ``.
+    """
 
     job_name: str = "local"
     namespace: str = "default"
@@ -178,7 +196,7 @@ class TrainerEnv:
     inprocess_barrier_timeout_seconds: float = 120.0
     progress_sink: str = "endpoint"
     progress_interval_seconds: float = 5.0
-    # The pod's progress endpoint (rtj_trainer.endpoint); 0 serves none.
+    # The pod's progress endpoint (rtj_trainer.runtime.endpoint); 0 serves none.
     progress_port: int = 9410
     progress_linger_seconds: float = 15.0
     faults: str = ""
@@ -188,6 +206,14 @@ class TrainerEnv:
     store_host: str = ""
     store_port: int = 29500
     memory_interval_steps: int = 1
+    # Empty: no pattern (steps are reported by the library, or not at all).
+    step_log_pattern: str = ""
+    # At most one of the two (the spec's fields are mutually exclusive); empty: none.
+    ft_config: str = ""
+    ft_config_file: str = ""
+    # Supervisor mode (set by rtj-launch per rank): the world's active ranks, the reserve ranks
+    # past them; 0 elsewhere (every rank of WORLD_SIZE is active).
+    active_world_size: int = 0
 
     @property
     def supervised(self) -> bool:
@@ -195,7 +221,7 @@ class TrainerEnv:
         return self.launch_mode == LAUNCH_MODE_SUPERVISOR
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> TrainerEnv:
+    def from_environ(cls, environ: Mapping[str, str]) -> JobSettings:
         d = cls()
         role = environ.get(ROLE, d.role) or d.role
         if role not in (ROLE_WORKER, ROLE_SPARE):
@@ -254,6 +280,10 @@ class TrainerEnv:
             store_host=environ.get(STORE_HOST, d.store_host),
             store_port=_int(environ, STORE_PORT, d.store_port),
             memory_interval_steps=_int(environ, MEMORY_INTERVAL_STEPS, d.memory_interval_steps),
+            step_log_pattern=environ.get(STEP_LOG_PATTERN, d.step_log_pattern),
+            ft_config=environ.get(FT_CONFIG, d.ft_config),
+            ft_config_file=environ.get(FT_CONFIG_FILE, d.ft_config_file),
+            active_world_size=_int(environ, ACTIVE_WORLD_SIZE, d.active_world_size),
         )
         if not 0 <= env.progress_port <= 65535:
             raise EnvError(f"{PROGRESS_PORT}={env.progress_port} must be a port number (0: none)")
@@ -267,4 +297,10 @@ class TrainerEnv:
             raise EnvError(f"{SLOT}={env.slot} must be below {SLOTS}={env.slots}, which is at least {NNODES}")
         if env.memory_interval_steps < 0:
             raise EnvError(f"{MEMORY_INTERVAL_STEPS}={env.memory_interval_steps} must be >= 0 (0: off)")
+        if env.ft_config and env.ft_config_file:
+            raise EnvError(f"{FT_CONFIG} and {FT_CONFIG_FILE} are exclusive: set one")
         return env
+
+
+# The name the project's modules and tests use (the pod runtime's among them).
+TrainerEnv = JobSettings

@@ -1,10 +1,10 @@
 """A checkpoint drill: save sharded checkpoints in a loop until killed, then check what survived.
 
-``python -m rtj_trainer.checkpoint_drill save --dir D`` runs the save side of
-``rtj_trainer.checkpoint`` for several ranks in one process (each rank has its own manager and
+``python -m rtj_trainer.rehearsal.checkpoint_drill save --dir D`` runs the save side of
+``rtj_trainer.library.checkpoint`` for several ranks in one process (each rank has its own manager and
 writer process), with state whose every value encodes its step and rank, changing the state right
 after each save call while the writers still run. Kill it (SIGKILL) at any moment;
-``python -m rtj_trainer.checkpoint_drill check --dir D`` then resumes the way the trainer does (rank
+``python -m rtj_trainer.rehearsal.checkpoint_drill check --dir D`` then resumes the way the trainer does (rank
 0 commits what is complete, every rank loads the newest complete step) and verifies every byte.
 The tests and ``bench/trainer_bench.py`` drive it.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from rtj_trainer.checkpoint import CheckpointManager, list_checkpoints
+from rtj_trainer.library.checkpoint import CheckpointManager, list_checkpoints
 
 
 def value_of(step: int, rank: int) -> float:
@@ -89,7 +89,7 @@ def kill_during_saves(
 ) -> dict[str, object]:
     """One trial: run the save loop in a child process, SIGKILL it at a random moment (up to
     `max_delay_seconds`) after its first commit, while later saves are in flight, then `check`."""
-    command = [sys.executable, "-m", "rtj_trainer.checkpoint_drill", "save", "--dir", str(root)]
+    command = [sys.executable, "-m", "rtj_trainer.rehearsal.checkpoint_drill", "save", "--dir", str(root)]
     command += ["--ranks", str(ranks), "--tensors", str(tensors), "--numel", str(numel), "--keep", str(keep)]
     # The killed drill's resource tracker reports the semaphores it cleans up: expected, so not shown.
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
@@ -109,7 +109,7 @@ def kill_during_saves(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rtj_trainer.checkpoint_drill")
+    p = argparse.ArgumentParser(prog="python -m rtj_trainer.rehearsal.checkpoint_drill")
     p.add_argument("action", choices=("save", "check"))
     p.add_argument("--dir", required=True, type=Path)
     p.add_argument("--ranks", type=int, default=2)

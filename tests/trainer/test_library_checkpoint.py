@@ -1,0 +1,233 @@
+"""The library's checkpoints and drains across two ranks (gloo on the CPU, two processes per run, an
+FSDP2 model): an async sharded save commits and loads back into a freshly sharded model and its
+optimizer (``load(like=...)`` rebuilds the DTensors), and a SIGTERM on one rank's pod drains both:
+each commits the current step and exits with its drain code."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rtj_trainer
+import torch
+from rtj_trainer.library import checkpoint, drain
+
+SCRIPT = r"""
+import json, os, signal, sys
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+import rtj_trainer
+
+
+def local(value):
+    if isinstance(value, DTensor):
+        return value.to_local().clone()
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: local(v) for k, v in value.items()}
+    return value
+
+
+def main(phase, out):
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def train_step(step):
+        inputs = torch.randn(4, 8, generator=torch.Generator().manual_seed(step * 10 + rank))
+        loss = model(inputs).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    def state():
+        model_state, optim_state = get_state_dict(model, opt)
+        return {"model": model_state, "optim": optim_state, "note": ("two", 2)}
+
+    with rtj_trainer.Session() as session:
+        if phase == "save":
+            for step in (1, 2):
+                session.step(step, loss=train_step(step))
+            session.save(2, state())
+            torch.save(local(state()), out / f"expected-{rank}.pt")
+            return
+        start, restored = session.load(like=state())
+        set_state_dict(model, opt, model_state_dict=restored["model"], optim_state_dict=restored["optim"])
+        expected = torch.load(out / f"expected-{rank}.pt", weights_only=True)
+        now = local(state())
+        same = all(torch.equal(now["model"][k], v) for k, v in expected["model"].items()) and all(
+            torch.equal(now["optim"]["state"][k][name], value)
+            for k, tensors in expected["optim"]["state"].items()
+            for name, value in tensors.items()
+        )
+        dtensors = all(isinstance(v, DTensor) for v in restored["model"].values())
+        (out / f"loaded-{rank}.json").write_text(
+            json.dumps({"start": start, "same": same, "dtensors": dtensors, "note": list(restored["note"])})
+        )
+        if rank == 0:
+            os.kill(os.getpid(), signal.SIGTERM)  # the pod's SIGTERM, on this rank's pod only
+        session.step(start + 1, loss=train_step(start + 1))
+        assert session.draining
+        session.drain(start + 1, state())
+
+
+# The async checkpoint writer is a spawned process, which imports this file: the guard keeps it
+# from training too.
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_two_ranks(script: Path, phase: str, directory: Path, extra_env: dict[str, str]) -> list[int]:
+    port = _free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RTJ_")}
+    procs = []
+    for rank in (0, 1):
+        # Each rank is local rank 0 of its own pod, as on two nodes; only rank 0's pod drains.
+        pod = directory / f"pod-{rank}"
+        pod.mkdir(exist_ok=True)
+        env = {
+            **base,
+            "PYTHONPATH": os.pathsep.join(sys.path),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "RTJ_NODE_RANK": str(rank),
+            "RTJ_NNODES": "2",
+            "RTJ_CHECKPOINT_DIR": str(directory / "checkpoints"),
+            "RTJ_PROGRESS_FILE": str(pod / "progress.json"),
+            "RTJ_DRAIN_FILE": str(pod / "drain"),
+            **extra_env,
+        }
+        log = open(directory / f"{phase}-{rank}.log", "w")  # noqa: SIM115 - closed below
+        procs.append((subprocess.Popen([sys.executable, str(script), phase, str(directory)], env=env,
+                                       stdout=log, stderr=subprocess.STDOUT), log))  # fmt: skip
+    try:
+        return [proc.wait(timeout=240) for proc, _ in procs]
+    finally:
+        for proc, log in procs:
+            proc.kill()
+            proc.wait()
+            log.close()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Run 1 (async saves) trains two steps, saves step 2 and ends; run 2 (sync saves) loads it,
+    and rank 0's pod is drained after one more step."""
+    directory = tmp_path_factory.mktemp("library")
+    script = directory / "train.py"
+    script.write_text(SCRIPT)
+    saved = _run_two_ranks(script, "save", directory, {"RTJ_CHECKPOINT_MODE": "Async"})
+    (directory / "pod-0" / "drain").touch()  # rtj-launch marks the drain before it forwards SIGTERM
+    drained = _run_two_ranks(script, "resume", directory, {"RTJ_CHECKPOINT_MODE": "Sync"})
+    logs = {p.name: p.read_text() for p in directory.glob("*.log")}
+    return {"dir": directory, "saved": saved, "drained": drained, "logs": logs}
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.slow
+def test_a_sharded_save_commits_and_loads_back_into_a_fresh_fsdp_model(runs: dict[str, Any]) -> None:
+    directory: Path = runs["dir"]
+    assert runs["saved"] == [0, 0], runs["logs"]
+    for rank in (0, 1):
+        loaded = _json(directory / f"loaded-{rank}.json")
+        assert loaded == {"start": 2, "same": True, "dtensors": True, "note": ["two", 2]}, runs["logs"]
+        report = _json(directory / f"pod-{rank}" / "progress.json")
+        assert report["lastCheckpoint"]["step"] >= 2
+
+
+@pytest.mark.slow
+def test_a_drain_commits_the_current_step_on_every_rank_and_exits_with_its_code(
+    runs: dict[str, Any],
+) -> None:
+    directory: Path = runs["dir"]
+    assert runs["drained"] == [drain.DRAINED_EXIT_CODE, drain.PEER_DRAINED_EXIT_CODE], runs["logs"]
+    newest = checkpoint.newest_complete(directory / "checkpoints", 2)
+    assert newest is not None and newest.step == 3
+    # The drained pod's rank tells rtj-launch the committed step (its termination message); the peer not.
+    assert drain.step_file(directory / "pod-0" / "drain").read_text() == "3"
+    assert not drain.step_file(directory / "pod-1" / "drain").exists()
+    report = _json(directory / "pod-0" / "progress.json")
+    assert (report["step"], report["lastCheckpoint"]["step"], report["finished"]) == (3, 3, False)
+    assert "rtj-drain: rank=0 step=3 committed=True" in runs["logs"]["resume-0.log"]
+
+
+def test_one_rank_round_trip_and_a_state_that_cannot_be_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Outside a pod, with a checkpoint directory given: checkpoints work, nothing is reported.
+    for name in [n for n in os.environ if n.startswith("RTJ_") or n in ("RANK", "WORLD_SIZE")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("RTJ_CHECKPOINT_MODE", "Sync")
+    state: dict[str, Any] = {
+        "w": torch.arange(6.0).reshape(2, 3),
+        "groups": [{"lr": 0.1, "betas": (0.9, 0.99)}],
+        "by_id": {7: None},
+    }
+    with rtj_trainer.Session(checkpoint_dir=tmp_path) as session:
+        assert session.load() == (0, None)
+        with pytest.raises(TypeError, match="groups/0/fn is a object"):
+            session.save(1, {"groups": [{"fn": object()}]})
+        session.save(4, state)
+    with rtj_trainer.Session(checkpoint_dir=tmp_path) as session:
+        step, loaded = session.load(like={"w": torch.zeros(2, 3, dtype=torch.float64)})
+    assert step == 4 and loaded is not None
+    assert (
+        torch.equal(loaded["w"], state["w"])
+        and loaded["groups"] == state["groups"]
+        and loaded["by_id"] == {7: None}
+    )
+    assert [info.step for info in checkpoint.list_checkpoints(tmp_path)] == [4]
+
+
+def test_samples_and_tokens_resume_from_the_checkpoint_not_from_the_crashed_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One rank in a pod: the steps after the checkpoint are redone after the crash, not counted twice.
+    for name in [n for n in os.environ if n.startswith("RTJ_") or n in ("RANK", "WORLD_SIZE", "LOCAL_RANK")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("RTJ_CHECKPOINT_MODE", "Sync")
+    monkeypatch.setenv("RTJ_CHECKPOINT_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("RTJ_PROGRESS_FILE", str(tmp_path / "progress.json"))
+    with pytest.raises(RuntimeError, match="crash"), rtj_trainer.Session() as session:
+        assert session.load() == (0, None)
+        for step in (1, 2, 3):
+            session.step(step, samples=8, tokens=64)
+            if step == 2:
+                session.save(2, {"w": torch.zeros(1)})
+        raise RuntimeError("crash after step 3")
+    crashed = json.loads((tmp_path / "progress.json").read_text())
+    assert (crashed["step"], crashed["samples"], crashed["tokens"]) == (3, 24, 192)
+    with rtj_trainer.Session() as session:
+        start, _ = session.load()
+        session.step(start + 1, samples=8, tokens=64)
+    resumed = json.loads((tmp_path / "progress.json").read_text())
+    assert (start, resumed["step"], resumed["samples"], resumed["tokens"]) == (2, 3, 24, 192)
