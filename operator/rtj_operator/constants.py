@@ -2,7 +2,7 @@
 
 Every label, annotation, finalizer and environment variable that crosses a component boundary is
 defined here once. The trainer (a separate image) keeps its own copy of the environment names in
-``rtj_trainer.env``; a test keeps the two in step.
+``rtj_trainer.library.env``; a test keeps the two in step.
 """
 
 from typing import Final
@@ -65,8 +65,9 @@ TRAINER_GID: Final = 10001
 
 # The environment contract (docs/architecture.md, "Environment contract"): the renderer sets these on
 # every worker and spare container (RTJ_NODE_RANK on workers only, but for Supervisor; RTJ_FAULTS only
-# through spec.env; ENV_SUPERVISOR_ONLY under faultTolerance.launcher Supervisor only).
-# rtj_trainer.env keeps the trainer's copy of the names; tests/api compares the two.
+# through spec.env; ENV_SUPERVISOR_ONLY under faultTolerance.launcher Supervisor only; ENV_WHEN_SET only
+# when the spec sets the field they come from).
+# rtj_trainer.library.env keeps the trainer's copy of the names; tests/api compares the two.
 ENV_JOB_NAME: Final = "RTJ_JOB_NAME"
 ENV_NAMESPACE: Final = "RTJ_NAMESPACE"
 ENV_JOB_UID: Final = "RTJ_JOB_UID"
@@ -96,8 +97,19 @@ ENV_INPROCESS_BARRIER_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_BARRIER_TIMEOUT_SE
 ENV_PROGRESS_SINK: Final = "RTJ_PROGRESS_SINK"
 ENV_PROGRESS_PORT: Final = "RTJ_PROGRESS_PORT"
 ENV_FAULTS: Final = "RTJ_FAULTS"
+# spec.progress.stepLogPattern: the Python regex rtj-launch matches each rank's output lines against.
+ENV_STEP_LOG_PATTERN: Final = "RTJ_STEP_LOG_PATTERN"
+# spec.faultTolerance.ftLauncher.config: ft_launcher's config file as YAML text (a fault_tolerance section).
+ENV_FT_CONFIG: Final = "RTJ_FT_CONFIG"
+# spec.faultTolerance.ftLauncher.configMap: the path of that file, mounted from the ConfigMap's key.
+ENV_FT_CONFIG_FILE: Final = "RTJ_FT_CONFIG_FILE"
+ENV_WHEN_SET: Final = (ENV_STEP_LOG_PATTERN, ENV_FT_CONFIG, ENV_FT_CONFIG_FILE)
 # The worker container's terminationMessagePath: rtj-launch writes "Drained: ..." there after a drain.
 ENV_TERMINATION_MESSAGE_PATH: Final = "RTJ_TERMINATION_MESSAGE_PATH"
+# The exit code of a trainer whose ranks left because another pod of the job is draining (the drain
+# protocol's EX_TEMPFAIL, rtj_trainer.library.drain; a test holds the two equal). ft_launcher restarts
+# such workers in-job; a pod that fails with it (under the Supervisor launcher) left for a peer's drain.
+PEER_DRAINED_EXIT_CODE: Final = 75
 # Under faultTolerance.launcher Supervisor only (docs/architecture.md, "The Supervisor launcher"), on
 # every worker and spare container: rtj-launch starts the pod's ranks itself in one fixed world whose
 # slots are the workers (0..nodes-1) and then the spares (nodes..nodes+hotSpares-1); RTJ_NODE_RANK is
@@ -150,5 +162,6 @@ ENV_CONTRACT: Final = (
     ENV_PROGRESS_PORT,
     ENV_FAULTS,
     ENV_TERMINATION_MESSAGE_PATH,
+    *ENV_WHEN_SET,
     *ENV_SUPERVISOR_ONLY,
 )

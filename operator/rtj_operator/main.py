@@ -32,9 +32,9 @@ from typing import Any
 
 import kopf
 
-from rtj_operator import nodehealth
+from rtj_operator import metrics, nodehealth
 from rtj_operator.fsx_policy import AllowListError, FsxAllowList
-from rtj_operator.runtime import handlers, kube, leader, passes, sight
+from rtj_operator.runtime import handlers, kube, leader, passes, quiet_logs, sight
 from rtj_operator.runtime.context import OperatorContext
 
 logger = logging.getLogger(__name__)
@@ -246,6 +246,13 @@ def health_report(ctx: OperatorContext) -> tuple[bool, dict[str, Any]]:
     return ctx.sight.healthy(), report
 
 
+def _serve_metrics(ctx: OperatorContext) -> None:
+    """Metrics from the start, a standby's too: it is up, and `rtj_operator_leading` says it waits."""
+    metrics.follow_leadership(ctx.acting)
+    if ctx.metrics_port is not None and metrics.start_server(ctx.metrics_port):
+        logger.info("metrics on :%d/metrics", ctx.metrics_port)
+
+
 def _set(flag: Flag | None) -> None:
     if flag is not None:
         flag.set()
@@ -286,6 +293,7 @@ async def run_operator(  # noqa: PLR0913 - keyword-only flags, each named by its
     """
     stop = asyncio.Event()
     failed: list[str] = []
+    _serve_metrics(ctx)
     health = await sight.serve_health(liveness, lambda: health_report(ctx)) if liveness else None
     background = [
         asyncio.create_task(
@@ -446,6 +454,8 @@ def main(argv: list[str]) -> int:
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
     )
     if not args.verbose:
+        # During an API outage each retry would log a line, some a traceback: one per failure class.
+        quiet_logs.install()
         # kopf logs every handler run per object at INFO ("Timer ... succeeded"): one line per job per
         # timer tick. The operator's own decisions are Events; keep kopf's per-object warnings only.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)

@@ -1,10 +1,14 @@
 """Prometheus metrics of the operator (prometheus-client), exported on `--metrics-port`.
 
 `runtime.passes` updates them after each reconcile pass from the plan's counters and the job's status;
-`runtime.scrape` counts its reads of the trainers' progress endpoints; the HTTP exporter is started
-from kopf's on.startup handler. Names follow the project's habits: `rtj_` prefix, base units, `_total`
-on counters, and no unbounded labels: the per-job series (`rtj_job_*`, labelled `namespace` and `job`)
-come from one snapshot per served job (`JobSeries`), which is dropped when the job is deleted.
+`runtime.scrape` counts its reads of the trainers' progress endpoints and `runtime.sight` the failed
+calls of the operator's client; the HTTP exporter is started with the operator (`main.run_operator`),
+before leader election, so a standby is scraped too and says it stands by (`rtj_operator_leading`).
+The chart's alert rules and dashboard (charts/resilient-training-operator/) query these series.
+
+Names follow the project's habits: `rtj_` prefix, base units, `_total` on counters, and no unbounded
+labels: the per-job series (`rtj_job_*`, labelled `namespace` and `job`) come from one snapshot per
+served job (`JobSeries`), which is dropped when the job is deleted.
 
 The collectors are process-wide (prometheus-client registers them once); an operator restarted in
 the same process (the tests do that) keeps counting into them.
@@ -13,9 +17,10 @@ the same process (the tests do that) keeps counting into them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -48,6 +53,17 @@ PROGRESS_SCRAPES = prometheus_client.Counter(
     "ok, no_report, invalid, too_large, timeout, error.",
     ["result"],
 )
+API_ERRORS = prometheus_client.Counter(
+    "rtj_api_errors_total",
+    "API calls of the operator's own client that failed, by class: "
+    "timeout, connection, throttled (429), server (5xx), refused (other 4xx), credentials.",
+    ["class"],
+)
+LEADING = prometheus_client.Gauge(
+    "rtj_operator_leading",
+    "1 while this replica acts on the jobs (the leader, or the only replica without leader "
+    "election), 0 while it stands by.",
+)
 PROGRESS_SCRAPE_DURATION = prometheus_client.Histogram(
     "rtj_progress_scrape_duration_seconds",
     "Time of one read of a trainer's progress endpoint.",
@@ -77,13 +93,35 @@ class JobSeries:
     last_recovery_seconds: float | None = None
     advised_interval_steps: float | None = None
     configured_interval_steps: float | None = None
+    samples: float | None = None
+    tokens: float | None = None
+    samples_per_second: float | None = None
+    tokens_per_second: float | None = None
+    state: str | None = None
+    failures_used: float | None = None
+    failures_allowed: float | None = None
+    excluded_nodes: float | None = None
 
     @classmethod
-    def from_status(cls, status: Mapping[str, object], goodput_percent: float | None) -> JobSeries:
-        progress, checkpoint, workers, restarts, recovery, advice = (
+    def from_status(
+        cls,
+        status: Mapping[str, object],
+        goodput_percent: float | None,
+        failures_allowed: int | None = None,
+    ) -> JobSeries:
+        progress, checkpoint, workers, restarts, recovery, advice, budget = (
             _dict(status.get(k))
-            for k in ("progress", "lastCheckpoint", "workers", "restarts", "lastRecovery", "checkpointAdvice")
+            for k in (
+                "progress",
+                "lastCheckpoint",
+                "workers",
+                "restarts",
+                "lastRecovery",
+                "checkpointAdvice",
+                "budget",
+            )
         )
+        excluded = status.get("excludedNodes")
         conditions = status.get("conditions")
         stalled = [
             c
@@ -108,6 +146,14 @@ class JobSeries:
             last_recovery_seconds=_number(recovery.get("durationSeconds")),
             advised_interval_steps=_number(advice.get("recommendedIntervalSteps")),
             configured_interval_steps=_number(advice.get("configuredIntervalSteps")),
+            samples=_number(progress.get("samples")),
+            tokens=_number(progress.get("tokens")),
+            samples_per_second=_number(progress.get("samplesPerSecond")),
+            tokens_per_second=_number(progress.get("tokensPerSecond")),
+            state=state if isinstance(state := status.get("state"), str) else None,
+            failures_used=_number(budget.get("failuresUsed", 0)),
+            failures_allowed=_number(failures_allowed),
+            excluded_nodes=float(len(excluded)) if isinstance(excluded, list) else 0.0,
         )
 
 
@@ -161,7 +207,7 @@ _JOB_GAUGES = (
     ),
     (
         "rtj_job_last_recovery_seconds",
-        "Time from the job's newest counted fault to its first training step after it.",
+        "Duration of the job's newest recovery (status.lastRecovery): from the fault to training's return.",
         "last_recovery_seconds",
     ),
     (
@@ -174,6 +220,44 @@ _JOB_GAUGES = (
         "The job's configured checkpoint interval (spec.checkpoint.intervalSteps), in steps.",
         "configured_interval_steps",
     ),
+    (
+        "rtj_job_samples_per_second",
+        "A job's recent throughput in samples per second of useful step time, as its script reports.",
+        "samples_per_second",
+    ),
+    (
+        "rtj_job_tokens_per_second",
+        "A job's recent throughput in tokens per second of useful step time, as its script reports.",
+        "tokens_per_second",
+    ),
+    (
+        "rtj_job_failures_used",
+        "Pod replacements charged to a job's failure budget (status.budget.failuresUsed).",
+        "failures_used",
+    ),
+    (
+        "rtj_job_failures_allowed",
+        "The replacements a job's failure budget allows (spec.failurePolicy.maxNodeReplacements).",
+        "failures_allowed",
+    ),
+    (
+        "rtj_job_excluded_nodes",
+        "Nodes a job no longer schedules onto after their faults (status.excludedNodes).",
+        "excluded_nodes",
+    ),
+)
+# (name without _total, help, JobSeries field) of each per-job counter of the script's own counts.
+_JOB_COUNTERS = (
+    (
+        "rtj_job_samples",
+        "Samples a job trained on, as its script reports them (status.progress.samples).",
+        "samples",
+    ),
+    (
+        "rtj_job_tokens",
+        "Tokens a job trained on, as its script reports them (status.progress.tokens).",
+        "tokens",
+    ),
 )
 _jobs: dict[tuple[str, str], JobSeries] = {}
 
@@ -185,21 +269,46 @@ class _JobCollector(Collector):
         with _lock:
             jobs = sorted(_jobs.items())
         for name, text, attribute in _JOB_GAUGES:
-            family = GaugeMetricFamily(name, text, labels=["namespace", "job"])
-            for (namespace, job), series in jobs:
-                value = getattr(series, attribute)
-                if value is not None:
-                    family.add_metric([namespace, job], value)
-            yield family
+            yield _per_job(GaugeMetricFamily(name, text, labels=["namespace", "rtj_job"]), jobs, attribute)
+        for name, text, attribute in _JOB_COUNTERS:
+            yield _per_job(CounterMetricFamily(name, text, labels=["namespace", "rtj_job"]), jobs, attribute)
         restarts = CounterMetricFamily(
             "rtj_job_restarts",
             "Recoveries of a job by layer, as its status counts them.",
-            labels=["namespace", "job", "layer"],
+            labels=["namespace", "rtj_job", "layer"],
         )
         for (namespace, job), series in jobs:
             for layer, value in series.restarts:
                 restarts.add_metric([namespace, job, layer], value)
         yield restarts
+        yield _job_states(jobs)
+
+
+def _job_states(jobs: list[tuple[tuple[str, str], JobSeries]]) -> GaugeMetricFamily:
+    """One series per job and state, 1 for the state its status names (as kube-state-metrics does)."""
+    family = GaugeMetricFamily(
+        "rtj_job_state",
+        "1 for the state a job's status names (status.state), 0 for the others.",
+        labels=["namespace", "rtj_job", "state"],
+    )
+    for (namespace, job), series in jobs:
+        if series.state is None:
+            continue
+        for state in JobState:
+            family.add_metric([namespace, job, state.value], float(series.state == state.value))
+    return family
+
+
+_Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily)
+
+
+def _per_job(family: _Family, jobs: list[tuple[tuple[str, str], JobSeries]], attribute: str) -> _Family:
+    """`family` with each job's sample of the JobSeries field `attribute` (none where it is None)."""
+    for (namespace, job), series in jobs:
+        value = getattr(series, attribute)
+        if value is not None:
+            family.add_metric([namespace, job], value)
+    return family
 
 
 prometheus_client.REGISTRY.register(_JobCollector())
@@ -225,6 +334,7 @@ def observe_pass(  # noqa: PLR0913 - keyword-only, each a named field; callers p
     new_restarts: Mapping[str, object],
     goodput_percent: float | None,
     status: Mapping[str, object] | None = None,
+    failures_allowed: int | None = None,
 ) -> None:
     """Record one pass's effects: counters from the plan, restart deltas from status, gauges, and
     the job's series from its new `status`."""
@@ -238,11 +348,20 @@ def observe_pass(  # noqa: PLR0913 - keyword-only, each a named field; callers p
         elif before is None and isinstance(after, int) and after > 0:
             RESTARTS.labels(layer=layer).inc(after)
     with _lock:
-        _jobs[(namespace, job)] = JobSeries.from_status(status or {}, goodput_percent)
+        _jobs[(namespace, job)] = JobSeries.from_status(status or {}, goodput_percent, failures_allowed)
     if state is not None:
         with _lock:
             _states[(namespace, job)] = state
             _refresh_states()
+
+
+def count_api_error(failure_class: str) -> None:
+    API_ERRORS.labels(**{"class": failure_class}).inc()
+
+
+def follow_leadership(acting: Callable[[], bool]) -> None:
+    """`rtj_operator_leading` from now on reads `acting` (the process's newest operator's)."""
+    LEADING.set_function(lambda: float(acting()))
 
 
 def forget_job(namespace: str, job: str) -> None:

@@ -14,8 +14,10 @@ from rtj_operator import constants
 
 # The worker and spare pods' container.
 CONTAINER_NAME: Final = "trainer"
-# The init container that gives the job its checkpoint directory (render, rtj_trainer.checkpoint_dir).
+# The init container that gives the job its checkpoint directory (render, rtj_trainer.runtime.checkpoint_dir).
 CHECKPOINT_INIT_CONTAINER_NAME: Final = "prepare-checkpoints"
+# The init container that copies the pod runtime from spec.runtimeImage (render, rtj_trainer.runtime.install).
+RUNTIME_INIT_CONTAINER_NAME: Final = "install-runtime"
 # The rendezvous port's name, on the container and on the Service.
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
 # The store pod's container and its two ports (faultTolerance.launcher Supervisor): the world's wrapper

@@ -2,11 +2,14 @@
 
 Most p5 hardware faults leave the node Ready (a GPU Xid error, a GPU off the bus, an EFA link
 down). They surface as node conditions (node-problem-detector, the EKS node monitoring agent, GPU
-health checks), taints, health labels (SageMaker HyperPod), a cordon, or a device plugin lowering
+health checks), taints, health labels (SageMaker HyperPod), or a device plugin lowering
 the node's allocatable GPUs/EFA adapters; the trainer also reports faults it blames on its node.
 `NodeHealth` says which of these the operator acts on; `observe.node_problem` judges a node by it.
 
-Every signal has a name (the condition type, the label value, the taint key, `Cordoned`,
+A cordon and the maintenance tools' taints are no health signal: they are planned disruptions
+(`rtj_operator.disruptions`), never a fault.
+
+Every signal has a name (the condition type, the label value, the taint key,
 `InsufficientAllocatable`, `TrainerReportedFaults`); it is the reason recorded in
 `status.nodeFaults[].lastReason`. Signals named in `permanent` exclude the node for the job at once
 (like a deleted node); the others count toward `failurePolicy.repeatOffenderThreshold`.
@@ -30,7 +33,6 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 Name = Annotated[str, Field(min_length=1, max_length=316)]
 
 # Signal names that are not a condition type, label value or taint key.
-SIGNAL_CORDONED = "Cordoned"
 SIGNAL_INSUFFICIENT_ALLOCATABLE = "InsufficientAllocatable"
 SIGNAL_TRAINER_REPORTED = "TrainerReportedFaults"
 
@@ -59,10 +61,10 @@ HYPERPOD_UNHEALTHY: tuple[str, ...] = (
     "UnschedulablePendingReplacement",
     "UnschedulablePendingReboot",
 )
-# Taints (any effect) that say the node is going away: the cloud node lifecycle controller's shutdown
-# taint and Karpenter's taint on a node it is about to drain. NoExecute taints the pod does not
-# tolerate are judged anyway (observe.node_problem).
-DEFAULT_TAINTS = ("node.cloudprovider.kubernetes.io/shutdown", "karpenter.sh/disrupted")
+# Taints (any effect) that say the node is unfit: the cloud node lifecycle controller's taint on an
+# instance that is shut down. NoExecute taints the pod does not tolerate are judged anyway
+# (observe.node_problem); the maintenance tools' taints are planned disruptions, never faults.
+DEFAULT_TAINTS = ("node.cloudprovider.kubernetes.io/shutdown",)
 DEFAULT_RESOURCES = ("nvidia.com/gpu", "vpc.amazonaws.com/efa")
 # Hardware that is broken for good (a GPU error, a GPU gone, a node HyperPod replaces, a node the
 # trainer saw fail `trainerFaultThreshold` times): retrying there wastes a restart of the whole job.
@@ -90,7 +92,9 @@ class NodeHealth(BaseModel):
         description="label key -> the values that mean unhealthy (empty: any value)",
     )
     replace_on_cordon: bool = Field(
-        default=True, description="a cordoned node (spec.unschedulable) has its workers replaced"
+        default=False,
+        description="deprecated, no effect: a cordon is a planned disruption (rtj_operator.disruptions); "
+        "still accepted so that settings written for older versions keep working",
     )
     resources: tuple[Name, ...] = Field(
         default=DEFAULT_RESOURCES,

@@ -5,8 +5,9 @@ calls `observe_job` and `observe` here; the decisions (`rtj_operator.decide`) on
 dataclasses, never API objects. Also decides what is wrong with a worker's node (`node_problem`):
 NotReady/Unknown beyond the grace period, a NoExecute taint the pod does not tolerate, deleted, or
 one of the health signals of the operator's `NodeHealth` settings (`health_problem`: a condition, a
-taint, a label, a cordon, allocatable GPUs/EFA below the worker's request, faults the trainer blames
-on the node).
+taint, a label, allocatable GPUs/EFA below the worker's request, faults the trainer blames on the
+node). A planned disruption (a cordon, a maintenance taint: `rtj_operator.disruptions`) is no
+problem; `node_disruption` names it.
 
 Pure: no I/O, time passed in.
 """
@@ -19,10 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from rtj_operator import api, constants, names
+from rtj_operator import api, constants, disruptions, names
 from rtj_operator.fsx_policy import FsxAllowList
 from rtj_operator.nodehealth import (
-    SIGNAL_CORDONED,
     SIGNAL_INSUFFICIENT_ALLOCATABLE,
     SIGNAL_TRAINER_REPORTED,
     NodeHealth,
@@ -42,9 +42,8 @@ MAX_TERMINATION_MESSAGE_CHARS = 1024
 FAULT_REASON_LINE = re.compile(r"^FaultReason: ([A-Za-z][A-Za-z0-9]*)\s*$", re.MULTILINE)
 # Waiting reasons that are steps of a normal start, not a problem worth reporting.
 NORMAL_WAITING_REASONS = frozenset({"", "ContainerCreating", "PodInitializing"})
-
-# DisruptionTarget reasons that say the node, not the scheduler or a user, caused the disruption.
-NODE_DISRUPTION_REASONS = frozenset({"DeletionByTaintManager", "TerminationByKubelet"})
+# The problems that leave no kubelet to end the node's pods: only theirs are force-deleted.
+KUBELET_GONE_REASONS = frozenset({"NodeDeleted", "NodeNotReady", "NodeUnreachable"})
 
 
 @dataclass(frozen=True)
@@ -117,9 +116,11 @@ class PodState:
     # The whole-number resources its containers request (extended resources such as nvidia.com/gpu
     # and vpc.amazonaws.com/efa are integers by API rule): resource name -> the sum over containers.
     requests: Mapping[str, int] = field(default_factory=dict)
-    # The failed container's exit code and fault reason (`container_fault`), for the failure policy.
+    # The failed container's exit code and fault reason (`container_fault`), for the failure policy,
+    # and its termination message without the fault reason line (`fault_detail`), on one line.
     exit_code: int | None = None
     fault_reason: str = ""
+    fault_detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,13 @@ class NodeProblem:
     reason: str
     message: str
     permanent: bool = False
+
+    @property
+    def kubelet_gone(self) -> bool:
+        """Whether no kubelet will end the node's pods (deleted, NotReady or unreachable past the
+        grace): only then is a pod there force-deleted. On a node that is merely unfit (a health
+        signal, a NoExecute taint) the kubelet ends the pod itself, so two incarnations never run."""
+        return self.reason in KUBELET_GONE_REASONS
 
 
 def _str(value: object) -> str:
@@ -247,9 +255,8 @@ def observe_pod(body: Mapping[str, Any], report: ProgressReport | None = None) -
     exits = [m for m in map(_exit_message, containers) if m]
     message = "; ".join(m for m in (_str(status.get("message")), *exits) if m)
     waiting = "; ".join(m for m in map(_waiting_message, containers) if m)
-    exit_code, fault_reason = next(
-        (found for found in map(container_fault, containers) if found[0] is not None), (None, "")
-    )
+    failed = next((c for c in containers if container_fault(c)[0] is not None), None)
+    exit_code, fault_reason = container_fault(failed) if failed is not None else (None, "")
     tolerations = tuple(
         Toleration(
             key=_str(t.get("key")),
@@ -283,6 +290,7 @@ def observe_pod(body: Mapping[str, Any], report: ProgressReport | None = None) -
         requests=_whole_requests(spec),
         exit_code=exit_code,
         fault_reason=fault_reason,
+        fault_detail=fault_detail(failed) if failed is not None else "",
     )
 
 
@@ -323,6 +331,19 @@ def container_fault(container: Mapping[str, Any]) -> tuple[int | None, str]:
         found = FAULT_REASON_LINE.search(_str(terminated.get("message")))
         return code, found.group(1) if found else _str(terminated.get("reason"))
     return None, ""
+
+
+def fault_detail(container: Mapping[str, Any]) -> str:
+    """The termination message of a container that exited non-zero, without its `FaultReason:` line,
+    on one line and clipped; '' when it has none."""
+    for state in (container.get("state"), container.get("lastState")):
+        terminated = _mapping(_mapping(state).get("terminated"))
+        code = terminated.get("exitCode")
+        if not isinstance(code, int) or code == 0:
+            continue
+        text = FAULT_REASON_LINE.sub("", _str(terminated.get("message")))
+        return _clip(" ".join(text.split()))
+    return ""
 
 
 def _waiting_message(container: Mapping[str, Any]) -> str:
@@ -403,7 +424,9 @@ def node_problem(  # noqa: PLR0913 - the health settings and the pod are keyword
         recheck = since + grace
 
     for taint in node.taints:
-        if taint.effect != "NoExecute":
+        # A maintenance taint with NoExecute is a planned disruption: the taint manager's eviction of
+        # the pod says so (decide.failures), the node is no problem.
+        if taint.effect != "NoExecute" or taint.key in disruptions.NODE_TAINTS:
             continue
         problem, when = _taint_problem(node, taint, tolerations, now, grace)
         if problem is not None:
@@ -420,7 +443,7 @@ def node_problem(  # noqa: PLR0913 - the health settings and the pod are keyword
 def health_problem(node: NodeState, health: NodeHealth, pod: PodState | None = None) -> NodeProblem | None:
     """The first health signal of `health` the node shows (nodehealth's module docstring), or None.
 
-    Node-wide signals first (conditions, labels, taints, cordon), then those that depend on the pod:
+    Node-wide signals first (conditions, labels, taints), then those that depend on the pod:
     allocatable below its requests, faults its trainer reported on this node.
     """
     found = node_health_problem(node, health)
@@ -430,7 +453,7 @@ def health_problem(node: NodeState, health: NodeHealth, pod: PodState | None = N
 
 
 def node_health_problem(node: NodeState, health: NodeHealth) -> NodeProblem | None:
-    """The first node-wide health signal (a condition, a label, a taint, a cordon), or None."""
+    """The first node-wide health signal (a condition, a label, a taint), or None."""
     for kind, unhealthy in sorted(health.conditions.items()):
         condition = node.conditions.get(kind)
         if condition is not None and condition.status == unhealthy:
@@ -442,12 +465,20 @@ def node_health_problem(node: NodeState, health: NodeHealth) -> NodeProblem | No
         if value is not None and (not values or value in values):
             return _signal(health, value if values else key, f"node {node.name} has the label {key}={value}")
     for taint in node.taints:
-        if taint.key in health.taints:
+        # A planned disruption's taint is never a fault, even if the settings list it.
+        if taint.key in health.taints and taint.key not in disruptions.NODE_TAINTS:
             text = f"node {node.name} has the taint {taint.key}:{taint.effect}"
             return _signal(health, taint.key, text)
-    if health.replace_on_cordon and node.unschedulable:
-        return _signal(health, SIGNAL_CORDONED, f"node {node.name} is cordoned (spec.unschedulable)")
     return None
+
+
+def node_disruption(node: NodeState) -> str | None:
+    """The planned disruption the node shows (`disruptions.NODE_SIGNALS`): a maintenance taint's key,
+    `Cordoned`, or None. Not a problem: the node's pods stay, new ones go elsewhere."""
+    taint = next((t.key for t in node.taints if t.key in disruptions.NODE_TAINTS), None)
+    if taint is not None:
+        return taint
+    return disruptions.CORDONED if node.unschedulable else None
 
 
 def _allocatable_problem(node: NodeState, health: NodeHealth, pod: PodState) -> NodeProblem | None:

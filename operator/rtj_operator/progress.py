@@ -6,6 +6,16 @@ The trainer on each worker pod serves its newest JSON progress report on the pod
 reports of the current pods into `status.progress`, `status.lastCheckpoint` and the in-process / in-job
 restart counters.
 
+A report is the rtj library's (rtj-train), or rtj-launch's own view of the ranks it runs (a script of
+one's own), or both merged; its `sources` say which figure comes from where
+(`api.status.StepSource`, `api.status.RestartsSource`), `ranks` what rtj-launch sees of the ranks
+and `library` the library's version.
+A report without `sources` is the library's, from before rtj-launch added them: its step counts.
+A report whose step is `NotReported` has none: it feeds the restart counts, never the step.
+A report of library 0.2.0 or later may carry the script's `samples` and `tokens` (the job's, not one
+rank's: docs/library.md, "Samples and tokens") and their recent rates; they come from the lead
+report as the step does.
+
 Everything here is pure: same inputs, same outputs; time is passed in.
 """
 
@@ -16,9 +26,13 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
+
+from rtj_operator.api.status import RestartsSource, StepSource
 
 PROGRESS_VERSION = 1
+# A version string of the library is kept this short (status.progress.library).
+MAX_LIBRARY_VERSION_CHARS = 64
 
 
 def parse_time(text: object) -> datetime | None:
@@ -52,6 +66,26 @@ class NodeFaultReport:
 
 
 @dataclass(frozen=True)
+class RanksReport:
+    """The report's `ranks`: what rtj-launch sees of the training processes it runs."""
+
+    running: int  # ranks without an exit record
+    start_time: datetime | None  # the newest generation's earliest start
+    restart_count: int  # the highest TORCHELASTIC_RESTART_COUNT seen
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """The newest entry of the report's `events`: a restart and when training came back after it."""
+
+    kind: str  # InJobRestart or InProcessRestart
+    time: datetime  # when the ranks were back (the first step, or the generation's start)
+    fault_time: datetime | None
+    recovery_seconds: float | None
+    step: int | None
+
+
+@dataclass(frozen=True)
 class ProgressReport:
     """One pod's progress report, validated field by field (a bad field reads as absent)."""
 
@@ -69,6 +103,26 @@ class ProgressReport:
     node_faults: NodeFaultReport | None = None
     # How long the newest checkpoint save blocked training (0 or None before the first save).
     checkpoint_blocking_seconds: float | None = None
+    # sources.step / sources.restarts; None: the report does not say (the library's, before sources).
+    step_source: StepSource | None = None
+    restarts_source: RestartsSource | None = None
+    # Whether `step` is a step the report gives (False: NotReported, or a log pattern that matched nothing).
+    has_step: bool = True
+    library: str | None = None  # the rtj library's version, when the library reports
+    ranks: RanksReport | None = None
+    last_recovery: RecoveryReport | None = None  # the newest of `events`
+    # The job's samples and tokens trained on so far and per second of recent useful step time, as
+    # the script reports them through the library (None: not reported).
+    samples: int | None = None
+    tokens: int | None = None
+    samples_per_second: float | None = None
+    tokens_per_second: float | None = None
+
+    @property
+    def reports_steps(self) -> bool:
+        """Whether the job's step is known from this pod: the library's or a log pattern's (even one
+        that has matched nothing yet), not NotReported."""
+        return self.step_source is not StepSource.NOT_REPORTED
 
 
 def _int(value: object, default: int = 0) -> int:
@@ -95,6 +149,52 @@ def parse_node_faults(value: object) -> NodeFaultReport | None:
     return NodeFaultReport(node=node, count=_int(count), last_reason=reason)
 
 
+def _step_source(value: object) -> StepSource | None:
+    return StepSource(value) if isinstance(value, str) and value in set(StepSource) else None
+
+
+def _restarts_source(value: object) -> RestartsSource | None:
+    return RestartsSource(value) if isinstance(value, str) and value in set(RestartsSource) else None
+
+
+def parse_ranks(value: object) -> RanksReport | None:
+    """`ranks: {"running": int, "startTime": RFC 3339 or null, "restartCount": int}`; None when absent or
+    malformed."""
+    if not isinstance(value, dict) or _int(value.get("running"), -1) < 0:
+        return None
+    return RanksReport(
+        running=_int(value.get("running")),
+        start_time=parse_time(value.get("startTime")),
+        restart_count=_int(value.get("restartCount")),
+    )
+
+
+def parse_last_recovery(value: object) -> RecoveryReport | None:
+    """The newest well-formed entry of `events` (by its `time`), or None."""
+    found: list[RecoveryReport] = []
+    for event in value if isinstance(value, list) else []:
+        if not isinstance(event, dict):
+            continue
+        kind, time = event.get("kind"), parse_time(event.get("time"))
+        if not isinstance(kind, str) or not kind.isalnum() or time is None:
+            continue
+        step = event.get("step")
+        found.append(
+            RecoveryReport(
+                kind=kind,
+                time=time,
+                fault_time=parse_time(event.get("faultTime")),
+                recovery_seconds=_float(event.get("recoverySeconds")),
+                step=_int(step) if _int(step, -1) >= 0 else None,
+            )
+        )
+    return max(found, key=lambda r: r.time) if found else None
+
+
+def _library(value: object) -> str | None:
+    return value[:MAX_LIBRARY_VERSION_CHARS] if isinstance(value, str) and value.strip() else None
+
+
 def parse_report(text: str | None) -> ProgressReport | None:
     """Parse a progress report; None when there is none or it is not a JSON object of version 1.
 
@@ -116,6 +216,10 @@ def parse_report(text: str | None) -> ProgressReport | None:
     checkpoint_step = checkpoint.get("step")
     checkpoint_time = parse_time(checkpoint.get("time"))
     node_rank = raw.get("nodeRank")
+    sources = raw.get("sources")
+    sources = sources if isinstance(sources, dict) else {}
+    step_source = _step_source(sources.get("step"))
+    given_step = _int(raw.get("step"), -1) >= 0
     return ProgressReport(
         time=parse_time(raw.get("time")),
         node_rank=_int(node_rank) if isinstance(node_rank, int) and not isinstance(node_rank, bool) else None,
@@ -130,7 +234,21 @@ def parse_report(text: str | None) -> ProgressReport | None:
         finished=raw.get("finished") is True,
         node_faults=parse_node_faults(raw.get("nodeFaults")),
         checkpoint_blocking_seconds=_float(raw.get("checkpointBlockingSeconds")),
+        step_source=step_source,
+        restarts_source=_restarts_source(sources.get("restarts")),
+        has_step=step_source is None or (step_source is not StepSource.NOT_REPORTED and given_step),
+        library=_library(raw.get("library")),
+        ranks=parse_ranks(raw.get("ranks")),
+        last_recovery=parse_last_recovery(raw.get("events")),
+        samples=_count_or_none(raw.get("samples")),
+        tokens=_count_or_none(raw.get("tokens")),
+        samples_per_second=_float(raw.get("samplesPerSecond")),
+        tokens_per_second=_float(raw.get("tokensPerSecond")),
     )
+
+
+def _count_or_none(value: object) -> int | None:
+    return _int(value) if _int(value, -1) >= 0 else None
 
 
 def goodput_percent(
@@ -188,8 +306,9 @@ def fold_progress(
 ) -> FoldedProgress:
     """Fold the current pods' reports (keyed by pod uid) into the status fields they feed.
 
-    - step: the highest step any pod reports; step time and goodput come from that pod's report
-      (the most advanced view of the job), never going backwards in `updateTime` terms.
+    - step: the highest step any pod reports; step time, goodput, samples and tokens (and their
+      rates) come from that pod's report (the most advanced view of the job), never going backwards
+      in `updateTime` terms.
     - lastCheckpoint: the newest (highest step) committed checkpoint in any report or in status.
     - restarts: in-process and in-job restarts are job-wide events (every rank restarts), so the job's
       count is the maximum over pods, not the sum. A replaced pod counts from 0 again, so each pod is
@@ -201,11 +320,14 @@ def fold_progress(
       not `leaving` (pods being deleted: their last report is not where training is now), which may
       fall below `step` after a restart from a checkpoint; training advanced when it rose, at `now`
       (the operator's clock, so that a trainer's skewed clock cannot fake or hide a stall).
+    - Only reports that give a step (`ProgressReport.has_step`) feed the step; the others feed the
+      restarts. `sources` and `library` (`note_sources`) say where the figures come from.
     """
     best_in_process, best_in_job, new_offsets = _fold_restarts(status, reports, offsets)
     old_progress = status.get("progress")
     progress: dict[str, Any] | None = dict(old_progress) if isinstance(old_progress, dict) else None
-    advanced, lead, current = False, _lead(reports), _lead([r for r in reports if r[0] not in leaving])
+    stepped = [r for r in reports if r[1].has_step]
+    advanced, lead, current = False, _lead(stepped), _lead([r for r in stepped if r[0] not in leaving])
     if lead is not None:
         old = progress or {}
         progress = _lead_progress(lead) if lead.step >= _int(old.get("step"), -1) else dict(old)
@@ -218,7 +340,7 @@ def fold_progress(
     if lead is not None and lead.time is not None and lead.train_start_time is not None:
         training = max(0.0, (lead.time - lead.train_start_time).total_seconds())
     return FoldedProgress(
-        progress=progress,
+        progress=_note_sources(progress, _dict_or_empty(old_progress), [r for _, r in reports]),
         last_checkpoint=_fold_checkpoint(status, reports),
         in_process_restarts=best_in_process,
         in_job_restarts=best_in_job,
@@ -233,6 +355,39 @@ def fold_progress(
 
 def _dict_or_empty(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+# The most telling source first: any worker whose library reports makes the job's step the library's.
+_STEP_SOURCES = (StepSource.LIBRARY, StepSource.LOG_PATTERN, StepSource.NOT_REPORTED)
+_RESTARTS_SOURCES = (RestartsSource.LIBRARY, RestartsSource.LAUNCHER)
+_Source = TypeVar("_Source", StepSource, RestartsSource)
+
+
+def _most_telling(order: Sequence[_Source], seen: Collection[object]) -> _Source | None:
+    return next((source for source in order if source in seen), None)
+
+
+def _note_sources(
+    progress: dict[str, Any] | None, old: Mapping[str, Any], reports: Sequence[ProgressReport]
+) -> dict[str, Any] | None:
+    """`progress` with `sources` ({step, restarts}: the most telling source any report names) and
+    `library` (a report's library version); what no report says is kept from `old`."""
+    sources = dict(_dict_or_empty(old.get("sources")))
+    step = _most_telling(_STEP_SOURCES, {r.step_source for r in reports})
+    restarts = _most_telling(_RESTARTS_SOURCES, {r.restarts_source for r in reports})
+    if step is not None:
+        sources["step"] = step.value
+    if restarts is not None:
+        sources["restarts"] = restarts.value
+    library = next((r.library for r in reports if r.library), old.get("library"))
+    if not sources and library is None:
+        return progress
+    noted = dict(progress or {})
+    if sources:
+        noted["sources"] = sources
+    if library is not None:
+        noted["library"] = library
+    return noted
 
 
 def _lead(reports: Sequence[tuple[str, ProgressReport]]) -> ProgressReport | None:
@@ -275,7 +430,17 @@ def _lead_progress(lead: ProgressReport) -> dict[str, Any]:
         progress["goodputPercent"] = goodput
     if lead.time is not None:
         progress["updateTime"] = format_time(lead.time)
-    return progress
+    return progress | _work_progress(lead)
+
+
+def _work_progress(lead: ProgressReport) -> dict[str, Any]:
+    """`samples`, `tokens`, `samplesPerSecond`, `tokensPerSecond`: those the lead report gives. Each
+    report counts the whole job's work (the library's contract), so the lead's is the job's: a sum
+    over pods would count it once per node."""
+    rates = {"samplesPerSecond": lead.samples_per_second, "tokensPerSecond": lead.tokens_per_second}
+    work: dict[str, Any] = {"samples": lead.samples, "tokens": lead.tokens}
+    work |= {field: round(rate, 2) for field, rate in rates.items() if rate is not None}
+    return {field: value for field, value in work.items() if value is not None}
 
 
 def _fold_checkpoint(

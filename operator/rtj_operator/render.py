@@ -12,16 +12,23 @@ annotation and environment names from :mod:`rtj_operator.constants`.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import yaml
 
 from rtj_operator import constants, names
 from rtj_operator.api import (
     CHECKPOINT_VOLUME,
+    FT_LAUNCHER_CONFIG_MOUNT_PATH,
+    FT_LAUNCHER_CONFIG_VOLUME,
+    RUNTIME_MOUNT_PATH,
+    RUNTIME_VOLUME,
     SCRATCH_VOLUME,
     SHM_MOUNT_PATH,
     SHM_VOLUME,
+    FtLauncherConfigMap,
     Launcher,
     ResilientTrainingJob,
     RetentionPolicy,
@@ -37,6 +44,7 @@ from rtj_operator.profiles import (
 __all__ = [
     "Replacement",
     "checkpoint_claim_name",
+    "ft_launcher_config_yaml",
     "is_supervisor",
     "render",
     "render_base",
@@ -51,8 +59,14 @@ __all__ = [
 ]
 
 LAUNCH_COMMAND = "rtj-launch"
-# rtj-launch's init-container mode (rtj_trainer.launch): prepare the job's checkpoint directory.
+# rtj-launch's init-container mode (rtj_trainer.runtime.launch): prepare the job's checkpoint directory.
 PREPARE_CHECKPOINT_DIR_ARG = "--prepare-checkpoint-dir"
+# rtj-launch's other init-container mode (rtj_trainer.runtime.install): copy the runtime into a volume;
+# the interpreter of the user's image that then runs it, and the volume's and the copy's sizes.
+INSTALL_RUNTIME_ARG = "--install-runtime"
+RUNTIME_PYTHON = "python3"
+RUNTIME_SIZE_LIMIT = "256Mi"
+RUNTIME_INIT_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "128Mi"}}
 # Where the kubelet reads a container's termination message (Kubernetes' default path).
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -160,6 +174,32 @@ def _supervisor_env(job: ResilientTrainingJob, role: str, index: int) -> list[tu
     ]
 
 
+def _optional_env(job: ResilientTrainingJob) -> list[tuple[str, str]]:
+    """The variables of optional fields (constants.ENV_WHEN_SET), each only where its field is set."""
+    spec, c = job.spec, constants
+    env: list[tuple[str, str]] = []
+    if spec.progress.step_log_pattern is not None:
+        env.append((c.ENV_STEP_LOG_PATTERN, spec.progress.step_log_pattern))
+    ft_launcher = spec.fault_tolerance.ft_launcher
+    if ft_launcher is not None and ft_launcher.config is not None:
+        env.append((c.ENV_FT_CONFIG, ft_launcher_config_yaml(ft_launcher.config)))
+    config_map = _ft_launcher_config_map(job)
+    if config_map is not None:
+        env.append((c.ENV_FT_CONFIG_FILE, f"{FT_LAUNCHER_CONFIG_MOUNT_PATH}/{config_map.key}"))
+    return env
+
+
+def ft_launcher_config_yaml(config: Mapping[str, Any]) -> str:
+    """ft_launcher's config file for spec.faultTolerance.ftLauncher.config: its fault_tolerance section
+    (NVRx's FaultToleranceConfig.from_yaml_file looks for that key), keys sorted so the bytes are stable."""
+    return yaml.safe_dump({"fault_tolerance": dict(config)}, sort_keys=True, default_flow_style=False)
+
+
+def _ft_launcher_config_map(job: ResilientTrainingJob) -> FtLauncherConfigMap | None:
+    ft_launcher = job.spec.fault_tolerance.ft_launcher
+    return ft_launcher.config_map if ft_launcher is not None else None
+
+
 def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int) -> list[dict[str, Any]]:
     spec = job.spec
     ft = spec.fault_tolerance
@@ -205,6 +245,7 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int) -> list[
         (c.ENV_PROGRESS_SINK, PROGRESS_SINK_DEFAULT),
         (c.ENV_PROGRESS_PORT, str(c.PROGRESS_PORT)),
         (c.ENV_TERMINATION_MESSAGE_PATH, TERMINATION_MESSAGE_PATH),
+        *_optional_env(job),
     ]
     if supervisor:
         plain += _supervisor_env(job, role, index)
@@ -308,17 +349,34 @@ def _volumes(job: ResilientTrainingJob) -> list[dict[str, Any]]:
         {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": checkpoint_claim_name(job)}},
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": sizing.shm_size}},
         _scratch_volume(),
+        *_ft_launcher_config_volumes(job),
+        *_runtime_volumes(job),
         *(v.model_dump(by_alias=True, exclude_none=True, mode="json") for v in job.spec.volumes),
     ]
 
 
 def _volume_mounts(job: ResilientTrainingJob) -> list[dict[str, Any]]:
+    ft_launcher_config = [
+        {"name": FT_LAUNCHER_CONFIG_VOLUME, "mountPath": FT_LAUNCHER_CONFIG_MOUNT_PATH, "readOnly": True}
+    ]
     return [
         {"name": CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.mount_path},
         {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH},
         *_scratch_mounts(job),
+        *(ft_launcher_config if _ft_launcher_config_map(job) is not None else []),
+        *_runtime_mounts(job),
         *(m.model_dump(by_alias=True, exclude_none=True, mode="json") for m in job.spec.volume_mounts),
     ]
+
+
+def _ft_launcher_config_volumes(job: ResilientTrainingJob) -> list[dict[str, Any]]:
+    """The ConfigMap of spec.faultTolerance.ftLauncher.configMap, its one key as a file of that name (a
+    missing ConfigMap or key holds the pod in ContainerCreating until it exists)."""
+    config_map = _ft_launcher_config_map(job)
+    if config_map is None:
+        return []
+    source = {"name": config_map.name, "items": [{"key": config_map.key, "path": config_map.key}]}
+    return [{"name": FT_LAUNCHER_CONFIG_VOLUME, "configMap": source}]
 
 
 # --- hardening: the container's security context and the writable paths it needs ------------------------
@@ -347,17 +405,70 @@ def _container_security_context(job: ResilientTrainingJob) -> dict[str, Any]:
     volumes above) and every capability dropped; nodes with EFA adapters add back IPC_LOCK for RDMA
     memory registration (docs/security.md says when it takes effect).
     """
-    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
+    context = _restricted_security_context()
     if resolve_sizing(job.spec.instance_type, job.spec.resources).efa_adapters > 0:
-        capabilities["add"] = list(EFA_CAPABILITIES)
+        context["capabilities"]["add"] = list(EFA_CAPABILITIES)
+    return context
+
+
+def _restricted_security_context() -> dict[str, Any]:
+    """The Pod Security `restricted` settings with a read-only root filesystem: the store's, the
+    runtime's init container's, and the trainer's but for EFA."""
     return {
         "runAsNonRoot": True,
         "allowPrivilegeEscalation": False,
         "privileged": False,
         "readOnlyRootFilesystem": True,
-        "capabilities": capabilities,
+        "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+# --- the pod runtime from spec.runtimeImage (rtj_trainer.runtime.install) ----------------------------------
+
+
+def _runtime_entry(job: ResilientTrainingJob, command: str) -> list[str]:
+    """How a container runs the runtime's `command` (rtj-launch, rtj-store): from the image, or, with
+    spec.runtimeImage, its entry script in the runtime volume under the image's own python3."""
+    if job.spec.runtime_image is None:
+        return [command]
+    return [RUNTIME_PYTHON, f"{RUNTIME_MOUNT_PATH}/{command}.py"]
+
+
+def _runtime_init_container(job: ResilientTrainingJob) -> dict[str, Any] | None:
+    """Copies the runtime from spec.runtimeImage into the runtime volume; None without one."""
+    spec = job.spec
+    if spec.runtime_image is None:
+        return None
+    return {
+        "name": names.RUNTIME_INIT_CONTAINER_NAME,
+        "image": spec.runtime_image,
+        "imagePullPolicy": spec.image_pull_policy.value,
+        "command": [LAUNCH_COMMAND, INSTALL_RUNTIME_ARG, RUNTIME_MOUNT_PATH],
+        "resources": copy.deepcopy(RUNTIME_INIT_RESOURCES),
+        "securityContext": _restricted_security_context(),
+        "volumeMounts": [{"name": RUNTIME_VOLUME, "mountPath": RUNTIME_MOUNT_PATH}],
+    }
+
+
+def _runtime_volumes(job: ResilientTrainingJob) -> list[dict[str, Any]]:
+    if job.spec.runtime_image is None:
+        return []
+    return [{"name": RUNTIME_VOLUME, "emptyDir": {"sizeLimit": RUNTIME_SIZE_LIMIT}}]
+
+
+def _runtime_mounts(job: ResilientTrainingJob) -> list[dict[str, Any]]:
+    """Read-only in the containers that run it: only the init container writes the runtime."""
+    if job.spec.runtime_image is None:
+        return []
+    return [{"name": RUNTIME_VOLUME, "mountPath": RUNTIME_MOUNT_PATH, "readOnly": True}]
+
+
+def _init_containers(job: ResilientTrainingJob, *, checkpoint_dir: bool) -> list[dict[str, Any]]:
+    """The runtime's copy first, then (`checkpoint_dir`: a trainer pod) the checkpoint directory's."""
+    runtime = _runtime_init_container(job)
+    directory = _checkpoint_dir_init_container(job) if checkpoint_dir else None
+    return [c for c in (runtime, directory) if c is not None]
 
 
 # --- placement, disruption, gang admission, checkpoint ownership ---------------------------------------
@@ -442,7 +553,7 @@ def _pod_security_context() -> dict[str, Any]:
 
 
 def _checkpoint_dir_init_container(job: ResilientTrainingJob) -> dict[str, Any] | None:
-    """Creates ``<mountPath>/<job>`` owned by the trainer's user (``rtj_trainer.checkpoint_dir``).
+    """Creates ``<mountPath>/<job>`` owned by the trainer's user (``rtj_trainer.runtime.checkpoint_dir``).
 
     A fresh FSx for Lustre root belongs to root, and the FSx CSI driver ignores fsGroup on
     ReadWriteMany volumes: only root can create the job's directory. So this one step runs as root,
@@ -455,7 +566,7 @@ def _checkpoint_dir_init_container(job: ResilientTrainingJob) -> dict[str, Any] 
     directory = names.checkpoint_dir(job.name, spec.checkpoint.mount_path)
     return {
         "name": names.CHECKPOINT_INIT_CONTAINER_NAME,
-        "image": spec.image,
+        "image": spec.runtime_image or spec.image,
         "imagePullPolicy": spec.image_pull_policy.value,
         "command": [LAUNCH_COMMAND, PREPARE_CHECKPOINT_DIR_ARG],
         "env": [
@@ -488,8 +599,11 @@ def render_pod_disruption_budget(
 ) -> dict[str, Any] | None:
     """The workers' PodDisruptionBudget when spec.disruption.podDisruptionBudget is set, else None.
 
-    ``unhealthyPodEvictionPolicy: AlwaysAllow``: a worker that is not Ready (a failed node, a pod
-    being replaced) never holds up a node drain.
+    ``minAvailable: nodes - maxUnavailable`` (nodes is immutable): the disruption controller counts the
+    pods a ``maxUnavailable`` budget expects through their controller's scale subresource, which a
+    ResilientTrainingJob has not, so such a budget fails to sync and refuses every eviction; an integer
+    ``minAvailable`` needs no scale. ``unhealthyPodEvictionPolicy: AlwaysAllow``: a worker that is not
+    Ready (a failed node, a pod being replaced) never holds up a node drain.
     """
     budget = job.spec.disruption.pod_disruption_budget
     if budget is None:
@@ -499,7 +613,7 @@ def render_pod_disruption_budget(
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(job, names.disruption_budget_name(job.name), _job_uid(job, uid)),
         "spec": {
-            "maxUnavailable": budget.max_unavailable,
+            "minAvailable": max(job.spec.nodes - budget.max_unavailable, 0),
             "selector": {
                 "matchLabels": {
                     **names.selector_labels(job.name),
@@ -567,7 +681,7 @@ def _container(job: ResilientTrainingJob, uid: str, role: str, index: int) -> di
         "name": names.CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy.value,
-        "command": [LAUNCH_COMMAND],
+        "command": _runtime_entry(job, LAUNCH_COMMAND),
         "args": ["--", *spec.command, *spec.args],
         # A container that fails without writing /dev/termination-log reports the tail of its log:
         # the operator puts that message in the job's condition and Event (observe.observe_pod).
@@ -616,9 +730,9 @@ def _pod(job: ResilientTrainingJob, uid: str, role: str, index: int, placement: 
     if scheduler is not None:
         pod_spec["schedulerName"] = scheduler
     pod_spec["securityContext"] = _pod_security_context()
-    init = _checkpoint_dir_init_container(job)
-    if init is not None:
-        pod_spec["initContainers"] = [init]
+    init_containers = _init_containers(job, checkpoint_dir=True)
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
     pod_spec["containers"] = [_container(job, uid, role, index)]
     pod_spec["volumes"] = _volumes(job)
     metadata = _pod_metadata(job, name, uid, role, index)
@@ -702,8 +816,14 @@ def render_store_pod(
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
     pod_spec["securityContext"] = _pod_security_context()
+    init_containers = _init_containers(job, checkpoint_dir=False)
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
     pod_spec["containers"] = [_store_container(job, owner)]
-    pod_spec["volumes"] = [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": STORE_SCRATCH_SIZE_LIMIT}}]
+    pod_spec["volumes"] = [
+        {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": STORE_SCRATCH_SIZE_LIMIT}},
+        *_runtime_volumes(job),
+    ]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
@@ -723,7 +843,7 @@ def _store_container(job: ResilientTrainingJob, uid: str) -> dict[str, Any]:
         "name": names.STORE_CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy.value,
-        "command": [STORE_COMMAND, "--port", str(port)],
+        "command": [*_runtime_entry(job, STORE_COMMAND), "--port", str(port)],
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": env,
@@ -737,16 +857,10 @@ def _store_container(job: ResilientTrainingJob, uid: str) -> dict[str, Any]:
             "failureThreshold": 3,
         },
         "resources": copy.deepcopy(STORE_RESOURCES),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _restricted_security_context(),
         "volumeMounts": [
-            {"name": SCRATCH_VOLUME, "mountPath": path, "subPath": sub} for path, sub in SCRATCH_MOUNTS
+            *({"name": SCRATCH_VOLUME, "mountPath": path, "subPath": sub} for path, sub in SCRATCH_MOUNTS),
+            *_runtime_mounts(job),
         ],
     }
 

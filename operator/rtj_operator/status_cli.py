@@ -2,9 +2,10 @@
 
 `rtj status NAME [-n NAMESPACE] [--kubeconfig PATH]` reads the job through the Kubernetes API (the
 operator's own client, `runtime.kube`) and prints its state, workers, training step (and whether it
-advances), last checkpoint, restarts, the last recovery, the checkpoint interval the measured save
-cost and fault rate advise (`decide.checkpoint_advice`) beside the configured one, and every
-condition. `format_status` is the pure part: a job body in, the text out.
+advances), the samples and tokens trained on (when the script reports them), last checkpoint,
+restarts, the last recovery, the checkpoint interval the measured save cost and fault rate advise
+(`decide.checkpoint_advice`) beside the configured one, and every condition. `format_status` is the
+pure part: a job body in, the text out.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ def _dict(value: object) -> Mapping[str, Any]:
 
 
 def _step_line(progress: Mapping[str, Any]) -> str:
+    source = _dict(progress.get("sources")).get("step")
     if progress.get("step") is None:
+        if source == "NotReported":
+            return "not reported (use the rtj library, or set spec.progress.stepLogPattern)"
         return "no step reported yet"
-    parts = [str(progress["step"])]
+    parts = [str(progress["step"]) + (" (from the log pattern)" if source == "LogPattern" else "")]
     current = progress.get("currentStep")
     if current is not None and current != progress["step"]:
         parts[0] += f" (now at {current}: redoing the steps since the checkpoint it resumed from)"
@@ -93,6 +97,16 @@ def _conditions_table(conditions: list[Mapping[str, Any]]) -> list[str]:
     return ["  " + "  ".join([*(row[i].ljust(widths[i]) for i in range(4)), row[4]]) for row in rows]
 
 
+def _work_lines(progress: Mapping[str, Any]) -> list[str]:
+    """`Trained on:` with the samples and tokens (and their rates) the script reports; none without."""
+    parts = [
+        f"{progress[total]} {total}" + (f" ({progress[rate]}/s)" if progress.get(rate) is not None else "")
+        for total, rate in (("samples", "samplesPerSecond"), ("tokens", "tokensPerSecond"))
+        if progress.get(total) is not None
+    ]
+    return [f"Trained on:     {', '.join(parts)}"] if parts else []
+
+
 def format_status(job: Mapping[str, Any]) -> str:
     """The job's status as `rtj status` prints it."""
     metadata, spec, status = (_dict(job.get(k)) for k in ("metadata", "spec", "status"))
@@ -104,6 +118,7 @@ def format_status(job: Mapping[str, Any]) -> str:
         f"Workers:        {workers.get('readyText', '0/?')} ready, "
         f"{workers.get('readySpares', 0)} spares ready",
         f"Step:           {_step_line(_dict(status.get('progress')))}",
+        *_work_lines(_dict(status.get("progress"))),
         f"Checkpoint:     {_checkpoint_line(_dict(status.get('lastCheckpoint')), configured)}",
         f"Advised:        {_advice_line(_dict(status.get('checkpointAdvice')))}",
         f"Restarts:       in-process {restarts.get('inProcess', 0)}, in-job {restarts.get('inJob', 0)}, "

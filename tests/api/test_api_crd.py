@@ -12,9 +12,10 @@ from rtj_operator import api, constants, crd_cli
 from rtj_operator.api.schema import model_type
 from rtj_operator.validation import structural_problems
 
-# Nothing in the spec is kept as given: every embedded Kubernetes type is modelled, so the API server
-# prunes (or, with strict field validation, refuses) what the operator would not understand.
-PRESERVE_UNKNOWN_ALLOWED: tuple[str, ...] = ()
+# Nothing in the spec is kept as given but ft_launcher's own settings (NVRx's FaultToleranceConfig, which
+# changes with its releases; the operator checks its keys): every embedded Kubernetes type is modelled, so
+# the API server prunes (or, with strict field validation, refuses) what the operator would not understand.
+PRESERVE_UNKNOWN_ALLOWED: tuple[str, ...] = ("spec.faultTolerance.ftLauncher.config",)
 
 
 def test_crds_file_equals_the_generated_crd_byte_for_byte() -> None:
@@ -112,10 +113,11 @@ def test_names_subresources_and_printer_columns() -> None:
         "Age": ("date", ".metadata.creationTimestamp"),
         "Interval": ("integer", ".spec.checkpoint.intervalSteps"),
         "Advised": ("integer", ".status.checkpointAdvice.recommendedIntervalSteps"),
+        "Steps-From": ("string", ".status.progress.sources.step"),
     }
-    # The interval columns only with -o wide.
+    # The interval columns and the step's source only with -o wide.
     wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1}
-    assert wide == {"Interval", "Advised"}
+    assert wide == {"Interval", "Advised", "Steps-From"}
     # Every printer column's path exists in the schema (a typo would print <none> forever).
     schema = openapi_schema()
     for _, path in columns.values():

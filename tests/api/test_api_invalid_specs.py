@@ -240,6 +240,142 @@ CASES: list[tuple[str, dict[str, Any], str, str | None]] = [
         "spec.checkpoint.storage.existingClaim.claimName",
         "schema",
     ),
+    # A training script of one's own: its step log pattern and ft_launcher's own settings. The API server
+    # cannot compile a Python regex or see into the map of ft_launcher's settings: those are refused by
+    # the operator alone (None).
+    (
+        "step-log-pattern-does-not-compile",
+        {"spec.progress.stepLogPattern": "step (\\d+"},
+        "spec.progress.stepLogPattern",
+        None,
+    ),
+    (
+        "step-log-pattern-without-a-group",
+        {"spec.progress.stepLogPattern": "step \\d+"},
+        "spec.progress.stepLogPattern",
+        None,
+    ),
+    (
+        "step-log-pattern-first-group-is-the-loss",
+        {"spec.progress.stepLogPattern": "loss (?P<loss>\\S+) step (\\d+)"},
+        "spec.progress.stepLogPattern",
+        None,
+    ),
+    (
+        "step-log-pattern-empty",
+        {"spec.progress.stepLogPattern": ""},
+        "spec.progress.stepLogPattern",
+        "schema",
+    ),
+    (
+        "step-log-pattern-too-long",
+        {"spec.progress.stepLogPattern": "(\\d+)" + "x" * 252},
+        "spec.progress.stepLogPattern",
+        "schema",
+    ),
+    ("ft-launcher-empty", {"spec.faultTolerance.ftLauncher": {}}, "spec.faultTolerance.ftLauncher", "cel"),
+    (
+        "ft-launcher-config-and-config-map",
+        {"spec.faultTolerance.ftLauncher": {"config": {"safety_factor": 4}, "configMap": {"name": "ft"}}},
+        "spec.faultTolerance.ftLauncher",
+        "cel",
+    ),
+    (
+        "ft-launcher-under-supervisor",
+        {
+            "spec.faultTolerance.launcher": "Supervisor",
+            "spec.faultTolerance.ftLauncher": {"configMap": {"name": "ft"}},
+        },
+        "spec.faultTolerance.ftLauncher",
+        "cel",
+    ),
+    (
+        "ft-launcher-config-sets-a-heartbeat-timeout",
+        {"spec.faultTolerance.ftLauncher": {"config": {"rank_heartbeat_timeout": 60}}},
+        "spec.faultTolerance.ftLauncher.config",
+        None,
+    ),
+    (
+        "heartbeat-timeout-off-but-not-the-initial-one",
+        {
+            "spec.faultTolerance.heartbeatTimeoutSeconds": 0,
+            "spec.faultTolerance.inProcess": {"enabled": False},
+        },
+        "spec.faultTolerance.heartbeatTimeoutSeconds",
+        "cel",
+    ),
+    (
+        "heartbeat-timeouts-off-with-in-process-restarts",
+        {
+            "spec.faultTolerance.heartbeatTimeoutSeconds": 0,
+            "spec.faultTolerance.initialHeartbeatTimeoutSeconds": 0,
+        },
+        "spec.faultTolerance.heartbeatTimeoutSeconds",
+        "cel",
+    ),
+    (
+        "ft-launcher-config-sets-max-restarts",
+        {"spec.faultTolerance.ftLauncher": {"config": {"max_restarts": 3}}},
+        "spec.faultTolerance.ftLauncher.config",
+        None,
+    ),
+    (
+        "ft-launcher-config-nests-its-section",
+        {"spec.faultTolerance.ftLauncher": {"config": {"fault_tolerance": {"safety_factor": 4}}}},
+        "spec.faultTolerance.ftLauncher.config",
+        None,
+    ),
+    (
+        "ft-launcher-config-too-many-keys",
+        {"spec.faultTolerance.ftLauncher": {"config": {f"k{i}": i for i in range(65)}}},
+        "spec.faultTolerance.ftLauncher.config",
+        "schema",
+    ),
+    (
+        "ft-launcher-config-a-list",
+        {"spec.faultTolerance.ftLauncher": {"config": ["safety_factor"]}},
+        "spec.faultTolerance.ftLauncher.config",
+        "schema",
+    ),
+    (
+        "ft-launcher-config-map-without-name",
+        {"spec.faultTolerance.ftLauncher": {"configMap": {"key": "a"}}},
+        "spec.faultTolerance.ftLauncher.configMap.name",
+        "schema",
+    ),
+    (
+        "ft-launcher-config-map-key-dot-dot",
+        {"spec.faultTolerance.ftLauncher": {"configMap": {"name": "ft", "key": "..a"}}},
+        "spec.faultTolerance.ftLauncher.configMap.key",
+        "schema",
+    ),
+    (
+        "ft-launcher-config-map-key-a-path",
+        {"spec.faultTolerance.ftLauncher": {"configMap": {"name": "ft", "key": "a/b.yaml"}}},
+        "spec.faultTolerance.ftLauncher.configMap.key",
+        "schema",
+    ),
+    (
+        "volume-reserved-name-ft-launcher",
+        {"spec.volumes": [{"name": "rtj-ft-launcher", "emptyDir": {}}]},
+        "spec.volumes",
+        "cel",
+    ),
+    (
+        "mount-over-ft-launcher-config",
+        {
+            "spec.volumes": [{"name": "data", "emptyDir": {}}],
+            "spec.volumeMounts": [{"name": "data", "mountPath": "/etc/rtj/ft-launcher"}],
+        },
+        "spec.volumeMounts",
+        "cel",
+    ),
+    (
+        "checkpoint-over-ft-launcher-config",
+        {"spec.checkpoint.mountPath": "/etc/rtj/ft-launcher"},
+        "spec.checkpoint.mountPath",
+        "cel",
+    ),
     ("name-too-long", {"metadata.name": "a" * 51}, "metadata.name", "schema"),
     ("name-not-a-dns-label", {"metadata.name": "Train_1"}, "metadata.name", "schema"),
     ("unknown-spec-field", {"spec.hotspares": 2}, "spec.hotspares", None),

@@ -76,6 +76,21 @@ def test_a_job_is_stored_with_the_schemas_defaults(kubeconfig: Path, tmp_path: P
     assert table.splitlines()[1].startswith("defaults ")
 
 
+def test_ft_launchers_own_settings_are_stored_as_written(
+    kubeconfig: Path, tmp_path: Path, namespace: str
+) -> None:
+    # The one map the API server keeps without a schema (x-kubernetes-preserve-unknown-fields): nothing
+    # of it is pruned, and the rules around it compile on a real API server.
+    job = load_example(REPO / "examples" / "byo-nvrx.yaml")
+    job["metadata"] = {"name": "byo", "namespace": namespace}
+    job["spec"]["suspend"] = True
+    kubectl(kubeconfig, "apply", "-f", _write(tmp_path, "job.yaml", job))
+    stored = json.loads(kubectl(kubeconfig, "get", "rtj", "byo", "-n", namespace, "-o", "json"))
+    assert stored["spec"] == apply_defaults(openapi_schema(), job)["spec"]
+    assert stored["spec"]["faultTolerance"]["ftLauncher"]["config"]["rank_section_timeouts"]["step"] == 120
+    assert api.parse_job(stored).spec == api.parse_job(job).spec
+
+
 def test_an_invalid_job_is_rejected_naming_the_field(
     kubeconfig: Path, tmp_path: Path, namespace: str
 ) -> None:

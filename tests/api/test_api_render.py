@@ -7,7 +7,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from rtj_operator import api, constants, names, profiles, render
-from rtj_trainer import env as trainer_env
+from rtj_trainer.library import env as trainer_env
 
 UID = "7d0c1d3e-2b8f-4a47-9b59-0b6f1d0c2e5a"
 
@@ -206,8 +206,14 @@ def test_env_contract_on_workers_and_spares() -> None:
     worker = env_of(render.render_worker_pod(the_job, 2))
     spare = env_of(render.render_spare_pod(the_job, 0))
     # Every name the trainer reads is rendered (RTJ_FAULTS is the user's, through spec.env), but for
-    # the Supervisor launcher's (test_api_render_supervisor).
-    expected = set(trainer_env.CONTRACT_NAMES) - {trainer_env.FAULTS} - set(constants.ENV_SUPERVISOR_ONLY)
+    # the Supervisor launcher's (test_api_render_supervisor) and those of optional fields left unset
+    # (test_api_own_script).
+    expected = (
+        set(trainer_env.CONTRACT_NAMES)
+        - {trainer_env.FAULTS}
+        - set(constants.ENV_SUPERVISOR_ONLY)
+        - set(constants.ENV_WHEN_SET)
+    )
     assert expected <= set(worker)
     assert not set(constants.ENV_SUPERVISOR_ONLY) & (set(worker) | set(spare))
     assert expected - {trainer_env.NODE_RANK} <= set(spare) and trainer_env.NODE_RANK not in spare
@@ -329,12 +335,27 @@ def test_the_operator_and_the_trainer_name_the_same_environment() -> None:
     assert set(constants.ENV_CONTRACT) == set(trainer_env.CONTRACT_NAMES)
     assert len(constants.ENV_CONTRACT) == len(set(constants.ENV_CONTRACT))
     # Everything but the user's fault plan is rendered on a worker (the Supervisor launcher's names
-    # under that launcher only).
+    # under that launcher only, those of optional fields where they are set).
+    optional = set(constants.ENV_WHEN_SET)
     rendered = {e["name"] for e in render.render_worker_pod(job(), 0)["spec"]["containers"][0]["env"]}
-    assert set(constants.ENV_CONTRACT) - rendered == {constants.ENV_FAULTS, *constants.ENV_SUPERVISOR_ONLY}
+    assert set(constants.ENV_CONTRACT) - rendered == {
+        constants.ENV_FAULTS,
+        *constants.ENV_SUPERVISOR_ONLY,
+        *optional,
+    }
     supervisor = job(faultTolerance={"launcher": "Supervisor"})
     rendered = {e["name"] for e in render.render_worker_pod(supervisor, 0)["spec"]["containers"][0]["env"]}
-    assert set(constants.ENV_CONTRACT) - rendered == {constants.ENV_FAULTS}
+    assert set(constants.ENV_CONTRACT) - rendered == {constants.ENV_FAULTS, *optional}
+    # Each optional one where its field is set: an inline ft_launcher config, or one from a ConfigMap.
+    for ft_launcher in ({"config": {"safety_factor": 4}}, {"configMap": {"name": "ft"}}):
+        with_all = job(progress={"stepLogPattern": r"step (\d+)"}, faultTolerance={"ftLauncher": ft_launcher})
+        rendered = {e["name"] for e in render.render_worker_pod(with_all, 0)["spec"]["containers"][0]["env"]}
+        unset = constants.ENV_FT_CONFIG_FILE if "config" in ft_launcher else constants.ENV_FT_CONFIG
+        assert set(constants.ENV_CONTRACT) - rendered == {
+            constants.ENV_FAULTS,
+            *constants.ENV_SUPERVISOR_ONLY,
+            unset,
+        }
 
 
 # Every embedded Kubernetes type at once, each source and option that the API accepts.

@@ -88,7 +88,9 @@ def test_pod_disruption_budget_is_opt_in_owned_and_selects_the_workers() -> None
     j = job(disruption={"podDisruptionBudget": {"maxUnavailable": 1}})
     pdb = by_kind_name(render.render_base(j, uid=UID))[("PodDisruptionBudget", "llm-workers")]
     assert pdb["metadata"]["ownerReferences"][0]["uid"] == UID
-    assert pdb["spec"]["maxUnavailable"] == 1
+    # minAvailable = nodes - maxUnavailable: a maxUnavailable budget over a custom resource's pods
+    # cannot sync (the disruption controller needs a scale subresource) and refuses every eviction.
+    assert pdb["spec"]["minAvailable"] == j.spec.nodes - 1 and "maxUnavailable" not in pdb["spec"]
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     selector = pdb["spec"]["selector"]["matchLabels"]
     assert selector == {constants.LABEL_JOB: "llm", constants.LABEL_ROLE: constants.ROLE_WORKER}
@@ -97,7 +99,9 @@ def test_pod_disruption_budget_is_opt_in_owned_and_selects_the_workers() -> None
     assert selector.items() <= worker(j)["metadata"]["labels"].items()
     assert not selector.items() <= spare["metadata"]["labels"].items()
     default = job(disruption={"podDisruptionBudget": {}})
-    assert render.render_pod_disruption_budget(default, uid=UID)["spec"]["maxUnavailable"] == 0
+    assert render.render_pod_disruption_budget(default, uid=UID)["spec"]["minAvailable"] == default.spec.nodes
+    everything = job(disruption={"podDisruptionBudget": {"maxUnavailable": 100}})
+    assert render.render_pod_disruption_budget(everything, uid=UID)["spec"]["minAvailable"] == 0
 
 
 def test_kueue_gang_labels_every_pod_into_one_group_of_workers_and_spares() -> None:

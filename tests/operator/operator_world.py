@@ -106,6 +106,19 @@ class World:
     def node_ready(self, name: str) -> None:
         self.nodes[name] = node_body(name, since=self.now)
 
+    def cordon(self, name: str) -> None:
+        self.nodes[name]["spec"]["unschedulable"] = True
+
+    def evict(self, role: str, index: int, reason: str = "EvictionByEvictionAPI") -> None:
+        """As the Eviction API (or the taint manager, by `reason`) does: a DisruptionTarget condition
+        and a graceful delete that the pod's kubelet finishes (`kubelets`)."""
+        pod = self.pods[f"{self.job['metadata']['name']}-{role}-{index}"]
+        pod["status"].setdefault("conditions", []).append(
+            {"type": "DisruptionTarget", "status": "True", "reason": reason}
+        )
+        pod["metadata"]["deletionTimestamp"] = format_time(self.now)
+        pod["metadata"]["deletionGracePeriodSeconds"] = 120
+
     def taint(self, name: str, key: str, effect: str = "NoExecute") -> None:
         self.nodes[name]["spec"].setdefault("taints", []).append(
             {"key": key, "effect": effect, "timeAdded": format_time(self.now)}
@@ -229,6 +242,8 @@ class World:
             for name in sorted(self.nodes):
                 if not self.healthy(name) or name in must_not or (must and name not in must) or name in busy:
                     continue
+                if self.nodes[name]["spec"].get("unschedulable"):
+                    continue  # cordoned
                 tolerated = {t.get("key") for t in pod["spec"].get("tolerations", [])}
                 if any(t["key"] not in tolerated for t in self.nodes[name]["spec"].get("taints", [])):
                     continue

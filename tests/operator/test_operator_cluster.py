@@ -431,7 +431,7 @@ def test_a_child_refused_by_a_resource_quota_is_a_condition_and_is_not_retried(
             time.sleep(5)
             assert creates == ["quota-worker-0", "quota-worker-1"]
             assert event_reasons(kubeconfig, namespace, "quota").count(events.QUOTA_EXCEEDED) == 1
-            assert job_status(kubeconfig, namespace, "quota")["state"] == "Pending"
+            assert job_status(kubeconfig, namespace, "quota")["state"] == "Blocked"
     finally:
         kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
 

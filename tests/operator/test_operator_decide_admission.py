@@ -30,7 +30,7 @@ def test_no_retry_until_the_recheck_and_no_repeated_warning() -> None:
     world.reconcile()
     world.settle(rounds=30, step=5.0)  # 150 s of pod events and passes
     assert world.creates() == 2
-    assert world.status()["state"] == "Pending"
+    assert world.status()["state"] == "Blocked"  # before Pending: the job cannot get its pods
     world.tick(REFUSAL_RECHECK_SECONDS)
     plan = world.reconcile()
     assert any(isinstance(a, decide.CreateObject) and a.kind == "Pod" for a in plan.actions)

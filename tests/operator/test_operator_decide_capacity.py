@@ -100,7 +100,7 @@ def test_a_job_that_can_never_fit_creates_no_pods_and_says_why() -> None:
         "1 unschedulable"
     )
     assert world.reasons().count(events.INSUFFICIENT_NODES) == 1  # not repeated on every pass
-    assert world.status()["state"] == "Pending"
+    assert world.status()["state"] == "Blocked"
 
 
 def test_nodes_joining_unblock_the_job() -> None:

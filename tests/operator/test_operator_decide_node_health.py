@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from operator_world import WORKER, node_of, running_world
-from rtj_operator import events, nodehealth, observe
+from rtj_operator import disruptions, events, nodehealth, observe
 from rtj_operator.nodehealth import NodeHealth, NodeHealthError, parse_node_health
 from rtj_operator.progress import ProgressReport, parse_report
 
@@ -140,17 +140,33 @@ def test_default_taints_of_any_effect_make_the_node_unfit(key: str, effect: str)
 def test_taints_setting_replaces_the_defaults_and_other_noschedule_taints_are_fine() -> None:
     assert judge(node(taints=[("nvidia.com/gpu", "NoSchedule")])) is None
     health = NodeHealth(taints=("example.com/gpu-bad",))
-    assert judge(node(taints=[("karpenter.sh/disrupted", "NoSchedule")]), health) is None
+    assert judge(node(taints=[(nodehealth.DEFAULT_TAINTS[0], "NoSchedule")]), health) is None
     assert judge(node(taints=[("example.com/gpu-bad", "NoSchedule")]), health) is not None
 
 
-# --- cordon -----------------------------------------------------------------------------------------
+# --- planned disruptions: no health signal -------------------------------------------------------
 
 
-def test_a_cordon_replaces_the_worker_unless_turned_off() -> None:
-    problem = judge(node(unschedulable=True))
-    assert problem is not None and problem.reason == nodehealth.SIGNAL_CORDONED and not problem.permanent
-    assert judge(node(unschedulable=True), NodeHealth(replace_on_cordon=False)) is None
+@pytest.mark.parametrize("replace_on_cordon", [False, True])
+def test_a_cordon_is_a_planned_disruption_not_a_health_signal_whatever_the_old_setting(
+    replace_on_cordon: bool,
+) -> None:
+    cordoned = node(unschedulable=True)
+    assert judge(cordoned, NodeHealth(replace_on_cordon=replace_on_cordon)) is None
+    assert observe.node_disruption(cordoned) == disruptions.CORDONED
+    assert observe.node_disruption(node()) is None
+
+
+@pytest.mark.parametrize("key", sorted(disruptions.NODE_TAINTS))
+@pytest.mark.parametrize("effect", ["NoSchedule", "NoExecute"])
+def test_maintenance_taints_are_disruptions_even_when_listed_or_not_tolerated(key: str, effect: str) -> None:
+    tainted = node(taints=[(key, effect)])
+    listed = NodeHealth(taints=(key, *nodehealth.DEFAULT_TAINTS))
+    assert judge(tainted, listed) is None
+    assert observe.node_disruption(tainted) == key
+    # Not tolerated, even NoExecute: no node problem (the taint manager's eviction is the disruption).
+    found, recheck = observe.node_problem("n1", {"n1": tainted}, (), NOW, 10, health=NodeHealth())
+    assert (found, recheck) == (None, None)
 
 
 # --- allocatable ------------------------------------------------------------------------------------
@@ -216,8 +232,8 @@ def test_faults_reported_for_another_node_do_not_count() -> None:
 
 
 def test_permanent_setting_decides_which_signals_exclude_at_once() -> None:
-    health = NodeHealth(permanent=(nodehealth.SIGNAL_CORDONED,))
-    assert judge(node(unschedulable=True), health).permanent  # type: ignore[union-attr]
+    health = NodeHealth(permanent=("KernelDeadlock",))
+    assert judge(node(conditions={"KernelDeadlock": "True"}), health).permanent  # type: ignore[union-attr]
     assert not judge(node(conditions={"AcceleratedHardwareReady": "False"}), health).permanent  # type: ignore[union-attr]
 
 
@@ -225,16 +241,16 @@ def test_not_ready_within_grace_still_waits_and_health_is_judged_on_ready_nodes_
     state = observe.observe_node(
         {
             "metadata": {"name": "n1"},
-            "spec": {"unschedulable": True},
             "status": {
                 "conditions": [
-                    {"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T11:59:55Z"}
+                    {"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T11:59:55Z"},
+                    {"type": "KernelDeadlock", "status": "True"},
                 ]
             },
         }
     )
     found, recheck = observe.node_problem("n1", {"n1": state}, (), NOW, 10, health=NodeHealth(), pod=pod())
-    assert found is not None and found.reason == nodehealth.SIGNAL_CORDONED and recheck is None
+    assert found is not None and found.reason == "KernelDeadlock" and recheck is None
     found, recheck = observe.node_problem("n1", {"n1": state}, (), NOW, 10)
     assert found is None and recheck is not None  # without health settings: as before
 

@@ -72,6 +72,7 @@ def test_a_spare_that_took_a_replacements_pinned_node_gives_way_even_after_a_cra
     spare_node = node_of(world, SPARE, 0)
     world.taint(node_of(world, WORKER, 0), "example.com/broken")
     world.reconcile()  # the lost worker's pod goes
+    world.kubelets()  # its node's kubelet is alive and ends it (never force-deleted)
     world.reconcile()  # its replacement is pinned to spare 0's node, and spare 0 given up
     world.kubelets()
     world.schedule()

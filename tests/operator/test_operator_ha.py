@@ -37,7 +37,7 @@ from operator_cluster import (
 )
 from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.ports import reserve_port
-from rtj_localcluster.testing import kubectl, wait_for
+from rtj_localcluster.testing import kubectl, stop_process, wait_for
 from rtj_operator import constants, events
 from rtj_operator.main import EXIT_LOST, EmbeddedOperator, RuntimeOptions
 from rtj_operator.runtime.leader import LeaderElectionSettings
@@ -123,23 +123,21 @@ class Replica:
             return None
         return bool(report.get("leading"))
 
+    def _metric(self, prefix: str) -> float:
+        """The sum of this replica's samples whose line starts with `prefix` (0 when none)."""
+        text = fetch(f"http://127.0.0.1:{self.metrics_port}/metrics") or ""
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
     def passes(self) -> float:
         """Reconcile passes this replica ran (0 for a standby: it handles no job)."""
-        text = fetch(f"http://127.0.0.1:{self.metrics_port}/metrics") or ""
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("rtj_reconcile_total{")
-        )
+        return self._metric("rtj_reconcile_total{")
+
+    def leading_metric(self) -> float:
+        """`rtj_operator_leading` as this replica serves it (a standby serves metrics too)."""
+        return self._metric("rtj_operator_leading ")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_process(self.process)
         self._log.close()
 
 
@@ -166,6 +164,7 @@ def test_killed_leader_hands_over_to_the_standby_which_replaces_the_lost_worker(
     placed = wait_for(lambda: p if len(p := running_pods_on(kc, "default", "ha")) == 2 else None)
     assert leader.passes() > 0
     assert standby.passes() == 0  # the standby watches nothing and handles no job
+    assert (leader.leading_metric(), standby.leading_metric()) == (1, 0)
     victim = placed["ha-worker-1"]
 
     started = time.monotonic()
@@ -187,6 +186,7 @@ def test_killed_leader_hands_over_to_the_standby_which_replaces_the_lost_worker(
     assert sorted(pods(kc, "default", "ha")) == ["ha-worker-0", "ha-worker-1"]
     assert event_reasons(kc, "default", "ha").count(events.NODE_LOST) == 1
     assert standby.passes() > 0
+    assert standby.leading_metric() == 1
 
 
 @CPU_CLUSTER

@@ -12,6 +12,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from rtj_localcluster.testing import assert_no_import_cycles, parse_module
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "rtj_operator"
 MAX_FUNCTION_LINES = 80
@@ -26,7 +27,7 @@ def _modules() -> dict[str, ast.Module]:
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        found[name] = ast.parse(path.read_text(encoding="utf-8"))
+        found[name] = parse_module(path)
     return found
 
 
@@ -88,15 +89,4 @@ def test_no_import_cycles() -> None:
                 and all(f"{node.module}.{alias.name}" in MODULES for alias in node.names)
             ):
                 graph[name].discard(node.module)
-    done: set[str] = set()
-
-    def visit(name: str, path: tuple[str, ...]) -> None:
-        assert name not in path, "import cycle: " + " -> ".join((*path[path.index(name) :], name))
-        if name in done:
-            return
-        for imported in sorted(graph[name]):
-            visit(imported, (*path, name))
-        done.add(name)
-
-    for name in sorted(graph):
-        visit(name, ())
+    assert_no_import_cycles(graph)

@@ -1,6 +1,6 @@
 """Node health beyond Ready, against the local cluster's real API server: a node that stays Ready but
-shows a health signal (a GPU-unhealthy condition, HyperPod's health label, a cordon, fewer allocatable
-GPUs) has its worker replaced on another node and is recorded in status.nodeFaults; the job still
+shows a health signal (a GPU-unhealthy condition, HyperPod's health label, fewer allocatable GPUs)
+has its worker replaced on another node and is recorded in status.nodeFaults; the job still
 ends Succeeded.
 
 One cluster (3 simulated p5.48xlarge nodes) serves every case: each case runs its job in a namespace
@@ -9,7 +9,7 @@ ends when the test says, not after a guessed time.
 
 Only the signal may move a worker here. The simulated nodes' kubelets share one event loop in the
 test's process; on a busy machine they can all miss heartbeats for a few seconds (killing the
-force-deleted pod's processes scans every process of the machine), and the control plane then reports
+ended pod's processes scans every process of the machine), and the control plane then reports
 every node Unknown. With the 2 s `nodeLossGraceSeconds` of the other cluster tests the operator
 rightly replaces the workers there too (`NodeLost` "Ready=Unknown"; worker 0's is a gang restart that
 can put worker 1 where worker 0 was). Node losses are other tests' subject: this job's grace outlasts
@@ -99,13 +99,6 @@ SIGNALS = [
         lambda c, node: _kubectl(c, "label", "node", node, f"{HEALTH_LABEL}=UnschedulablePendingReboot"),
         lambda c, node: _kubectl(c, "label", "node", node, f"{HEALTH_LABEL}-"),
         "UnschedulablePendingReboot",
-        False,
-    ),
-    Signal(
-        "cordon",
-        lambda c, node: _kubectl(c, "cordon", node),
-        lambda c, node: _kubectl(c, "uncordon", node),
-        nodehealth.SIGNAL_CORDONED,
         False,
     ),
     Signal(

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from operator_world import World, job_body
 from rtj_operator import constants
+from rtj_operator.api.status import RestartsSource, StepSource
 from rtj_operator.progress import RestartOffset, fold_progress, goodput_percent, parse_report
 
 START = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -20,6 +21,7 @@ def report(
     checkpoint: int | None = None,
     at: int = 100,
     useful: float = 50.0,
+    **extra: object,
 ) -> str:
     body: dict[str, object] = {
         "v": 1,
@@ -33,7 +35,7 @@ def report(
     }
     if checkpoint is not None:
         body["lastCheckpoint"] = {"step": checkpoint, "time": "2026-01-01T12:01:00Z"}
-    return json.dumps(body)
+    return json.dumps(body | extra)
 
 
 def test_goodput_is_useful_time_over_wall_time() -> None:
@@ -100,7 +102,11 @@ def test_fresh_operator_does_not_recount_what_status_holds() -> None:
 def test_progress_reports_reach_status_through_reconcile() -> None:
     world = World.with_nodes(job_body(nodes=2), 3)
     world.settle()
-    for i, text in enumerate([report(200, checkpoint=200, in_job=1), report(199, in_process=1)]):
+    reports = [
+        report(200, checkpoint=200, in_job=1, samples=12800, tokens=1638400, tokensPerSecond=4096.0),
+        report(199, in_process=1, samples=12736, tokens=1630208, tokensPerSecond=4000.0),
+    ]
+    for i, text in enumerate(reports):
         pod = world.pod(constants.ROLE_WORKER, i)
         parsed = parse_report(text)
         assert pod is not None and parsed is not None
@@ -108,6 +114,9 @@ def test_progress_reports_reach_status_through_reconcile() -> None:
     world.reconcile()
     status = world.status()
     assert status["progress"]["step"] == 200 and status["progress"]["goodputPercent"] == 50.0
+    # The lead report's counts are the job's (each report counts the whole job's work).
+    assert (status["progress"]["samples"], status["progress"]["tokens"]) == (12800, 1638400)
+    assert status["progress"]["tokensPerSecond"] == 4096.0 and "samplesPerSecond" not in status["progress"]
     assert status["lastCheckpoint"]["step"] == 200
     assert status["restarts"] == {"inProcess": 1, "inJob": 1, "podReplacement": 0, "total": 2}
     # Reports that do not change leave status alone: no write.
@@ -115,7 +124,7 @@ def test_progress_reports_reach_status_through_reconcile() -> None:
 
 
 def test_the_trainers_report_carries_what_stall_detection_and_the_advice_read() -> None:
-    from rtj_trainer.progress import Progress, progress_json
+    from rtj_trainer.library.progress import Progress, progress_json
 
     trainer = Progress(node_rank=0, train_start_time=1767268800.0, step=57)
     trainer.step_time_seconds, trainer.checkpoint_blocking_seconds = 0.5, 1.25
@@ -172,3 +181,145 @@ def test_a_fallen_step_above_the_checkpoint_is_training_again() -> None:
     assert (
         folded.progress["currentStep"] == 103 and folded.progress["lastAdvanceTime"] == "2026-01-01T12:05:00Z"
     )
+
+
+# -- reports of a script of one's own: sources, ranks, library (rtj-launch's launcher view) --
+
+
+def launcher_report(
+    *,
+    step: int | None = None,
+    step_source: str = "NotReported",
+    in_job: int = 0,
+    at: int = 100,
+    **extra: object,
+) -> str:
+    """A report rtj-launch serves without the library's: its ranks, and a step only from a log pattern."""
+    body: dict[str, object] = {
+        "v": 1,
+        "time": (START + timedelta(seconds=at)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "nodeRank": 0,
+        "restarts": {"inProcess": 0, "inJob": in_job},
+        "finished": False,
+        "trainStartTime": START.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "ranks": {"running": 2, "startTime": "2026-01-01T12:00:30.5Z", "restartCount": in_job},
+        "sources": {"step": step_source, "restarts": "Launcher"},
+        **extra,
+    }
+    if step is not None:
+        body["step"] = step
+    return json.dumps(body)
+
+
+def test_the_launcher_view_is_parsed_and_bad_fields_read_as_absent() -> None:
+    parsed = parse_report(launcher_report(library="0.1.0"))
+    assert parsed is not None
+    assert (parsed.step_source, parsed.restarts_source) == (StepSource.NOT_REPORTED, RestartsSource.LAUNCHER)
+    assert not parsed.has_step and not parsed.reports_steps
+    assert parsed.library == "0.1.0"
+    assert parsed.ranks is not None and parsed.ranks.running == 2 and parsed.ranks.restart_count == 0
+    assert parsed.ranks.start_time == START + timedelta(seconds=30.5)
+    bad = parse_report(
+        launcher_report(
+            sources={"step": "Guessed", "restarts": 3}, ranks={"running": -1}, library=7, events=[{"kind": 1}]
+        )
+    )
+    assert bad is not None
+    assert (bad.step_source, bad.restarts_source, bad.ranks, bad.library, bad.last_recovery) == (
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+    # A report without sources is the library's, from before rtj-launch named them: its step counts.
+    legacy = parse_report(report(5))
+    assert legacy is not None and legacy.has_step and legacy.reports_steps and legacy.step_source is None
+
+
+def test_a_pattern_without_a_match_reports_steps_but_gives_none() -> None:
+    waiting = parse_report(launcher_report(step_source="LogPattern"))
+    matched = parse_report(launcher_report(step=7, step_source="LogPattern"))
+    assert waiting is not None and matched is not None
+    assert waiting.reports_steps and not waiting.has_step
+    assert matched.reports_steps and matched.has_step and matched.step == 7
+
+
+def test_the_newest_recovery_event_is_kept() -> None:
+    events = [
+        {"time": "2026-01-01T12:01:00Z", "kind": "InJobRestart", "faultTime": "2026-01-01T12:00:50Z",
+         "recoverySeconds": 10.0, "step": None},
+        {"time": "2026-01-01T12:03:00Z", "kind": "InJobRestart", "faultTime": "2026-01-01T12:02:48Z",
+         "recoverySeconds": 12.0, "step": 40},
+        {"time": "not a time", "kind": "InJobRestart"},
+    ]  # fmt: skip
+    parsed = parse_report(launcher_report(events=events))
+    assert parsed is not None and parsed.last_recovery is not None
+    newest = parsed.last_recovery
+    assert (newest.kind, newest.recovery_seconds, newest.step) == ("InJobRestart", 12.0, 40)
+    assert newest.fault_time == START + timedelta(seconds=168)
+
+
+def test_reports_without_a_step_feed_the_restarts_and_sources_but_no_step() -> None:
+    reports = [(uid, parse_report(launcher_report(in_job=2))) for uid in ("a", "b")]
+    folded = fold_progress({}, [(uid, r) for uid, r in reports if r], {}, START)
+    assert folded.progress == {"sources": {"step": "NotReported", "restarts": "Launcher"}}
+    assert not folded.advanced and folded.in_job_restarts == 2
+    # Where the library reports on one worker, the job's step and restarts are the library's.
+    with_library = {**json.loads(report(12)), "library": "0.1.0"}
+    library = parse_report(
+        json.dumps({**with_library, "sources": {"step": "Library", "restarts": "Library"}})
+    )
+    pattern = parse_report(launcher_report(step=3, step_source="LogPattern"))
+    assert library is not None and pattern is not None
+    mixed = fold_progress({}, [("a", pattern), ("b", library)], {}, START)
+    assert mixed.progress is not None
+    assert mixed.progress["sources"] == {"step": "Library", "restarts": "Library"}
+    assert mixed.progress["library"] == "0.1.0" and mixed.progress["currentStep"] == 12
+    # Reports that say nothing of their sources keep what status says.
+    legacy = parse_report(report(13))
+    assert legacy is not None
+    kept = fold_progress({"progress": mixed.progress}, [("b", legacy)], {}, START)
+    assert kept.progress is not None and kept.progress["sources"] == mixed.progress["sources"]
+    assert kept.progress["library"] == "0.1.0"
+
+
+def test_samples_and_tokens_are_the_lead_reports_and_absent_unless_reported() -> None:
+    lead = parse_report(
+        report(120, samples=7680, tokens=983040, samplesPerSecond=256.004, tokensPerSecond=32768.5)
+    )
+    behind = parse_report(report(118, samples=7552, tokens=966656, samplesPerSecond=300.0))
+    assert lead is not None and behind is not None
+    folded = fold_progress({}, [("a", behind), ("b", lead)], {})
+    assert folded.progress is not None
+    work = {k: folded.progress[k] for k in ("samples", "tokens", "samplesPerSecond", "tokensPerSecond")}
+    # Not a sum over pods: every node's report counts the whole job's samples.
+    assert work == {"samples": 7680, "tokens": 983040, "samplesPerSecond": 256.0, "tokensPerSecond": 32768.5}
+    # A report without them (a script that passes none, or a library before 0.2.0) shows none.
+    older = parse_report(report(121))
+    assert older is not None and (older.samples, older.tokens, older.samples_per_second) == (None, None, None)
+    later = fold_progress({"progress": folded.progress}, [("b", older)], {})
+    assert later.progress is not None and later.progress["step"] == 121
+    assert not {"samples", "tokens", "samplesPerSecond", "tokensPerSecond"} & later.progress.keys()
+
+
+def test_malformed_samples_and_tokens_read_as_absent() -> None:
+    for bad in (-1, 1.5, True, "7680", None, [1]):
+        parsed = parse_report(report(5, samples=bad, tokens=bad, samplesPerSecond=bad, tokensPerSecond=-2.0))
+        assert parsed is not None and parsed.step == 5
+        assert (parsed.samples, parsed.tokens, parsed.tokens_per_second) == (None, None, None), bad
+        assert parsed.samples_per_second == (1.5 if bad == 1.5 else None), bad
+
+
+def test_the_trainers_samples_and_tokens_reach_status() -> None:
+    from rtj_trainer.library.progress import Progress, progress_json
+
+    trainer = Progress(node_rank=1, train_start_time=1767268800.0, step=2)
+    trainer.count_work(0.5, samples=64, tokens=8192)
+    trainer.count_work(1.5, samples=64, tokens=8192)
+    parsed = parse_report(json.dumps(progress_json(trainer, 1767268900.0)))
+    assert parsed is not None
+    assert (parsed.samples, parsed.tokens) == (128, 16384)
+    assert (parsed.samples_per_second, parsed.tokens_per_second) == (64.0, 8192.0)  # 128 over 2 s
+    folded = fold_progress({}, [("a", parsed)], {})
+    assert folded.progress is not None and folded.progress["tokensPerSecond"] == 8192.0

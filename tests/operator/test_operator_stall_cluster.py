@@ -118,8 +118,8 @@ def test_a_job_whose_step_stops_is_stalled_then_resumes_and_recovers_only_when_t
             printed = capsys.readouterr().out
             assert "State:          Stalled" in printed and "by Young/Daly, configured 100" in printed
             wide = kubectl(kubeconfig, "-n", namespace, "get", "rtj", "stall", "-o", "wide").splitlines()
-            assert wide[0].split()[-2:] == ["INTERVAL", "ADVISED"]
-            assert wide[1].split()[-2:] == ["100", str(advice["recommendedIntervalSteps"])]
+            assert wide[0].split()[-3:] == ["INTERVAL", "ADVISED", "STEPS-FROM"]
+            assert wide[1].split()[-3:] == ["100", str(advice["recommendedIntervalSteps"]), "Library"]
 
             (checkpoint_dir(kubeconfig, namespace, "stall") / "resume").touch()
 

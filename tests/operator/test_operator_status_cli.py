@@ -46,9 +46,25 @@ def test_status_without_a_fault_says_why_no_interval_is_advised() -> None:
     assert "Advised:        no fault counted yet" in text and "Step:           no step reported yet" in text
 
 
+def test_status_says_where_the_step_comes_from() -> None:
+    own = {**JOB, "status": {"progress": {"sources": {"step": "NotReported", "restarts": "Launcher"}}}}
+    assert "Step:           not reported (use the rtj library, or set spec.progress.stepLogPattern)" in (
+        status_cli.format_status(own)
+    )
+    matched = {**JOB, "status": {"progress": {"step": 7, "sources": {"step": "LogPattern"}}}}
+    assert "Step:           7 (from the log pattern)" in status_cli.format_status(matched)
+
+
 def test_status_is_an_rtj_subcommand_that_needs_a_name() -> None:
     assert cli.SUBCOMMANDS["status"][0] == "rtj_operator.status_cli"
     with pytest.raises(SystemExit):
         status_cli.build_parser().parse_args([])
     args = status_cli.build_parser().parse_args(["train", "-n", "ml"])
     assert (args.name, args.namespace) == ("train", "ml")
+
+
+def test_status_says_what_was_trained_on_only_when_the_script_reports_it() -> None:
+    progress = {"step": 120, "samples": 7680, "tokens": 983040, "samplesPerSecond": 256.0}
+    text = status_cli.format_status({**JOB, "status": {"progress": progress}})
+    assert "Trained on:     7680 samples (256.0/s), 983040 tokens\n" in text
+    assert "Trained on:" not in status_cli.format_status(JOB)

@@ -116,6 +116,9 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "Advised", "type": "integer", "priority": 1,
          "jsonPath": ".status.checkpointAdvice.recommendedIntervalSteps",
          "description": "The checkpoint interval the save cost and fault rate advise, in steps."},
+        # -o wide: where the step comes from (Library, LogPattern or NotReported).
+        {"name": "Steps-From", "type": "string", "jsonPath": ".status.progress.sources.step", "priority": 1,
+         "description": "Where the step comes from: the rtj library, a log-line pattern, or nowhere."},
     ]  # fmt: skip
 
 

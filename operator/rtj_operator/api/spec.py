@@ -7,15 +7,18 @@ docs/api.md); it starts with the JSON name, gives the default and says optional 
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any
 
-from pydantic import Field, Strict
+from pydantic import AfterValidator, BaseModel, Field, Strict
 
 from rtj_operator import constants
 from rtj_operator.api.corev1 import (
     LABEL_VALUE_PATTERN,
     QUALIFIED_NAME_LONG_PREFIX,
     AbsolutePath,
+    ConfigKey,
     DnsLabel,
     EnvVar,
     Image,
@@ -33,7 +36,7 @@ from rtj_operator.api.corev1 import (
     keys_are_qualified_names,
     matches,
 )
-from rtj_operator.api.schema import ApiModel, CelRule, Flag, Immutable, Int32, Int64
+from rtj_operator.api.schema import ApiModel, CelRule, Flag, Immutable, Int32, Int64, SchemaExtra
 
 # type is accepted when spec.resources gives at least cpu and memory.
 KNOWN_INSTANCE_TYPES: tuple[str, ...] = (
@@ -48,7 +51,42 @@ KNOWN_INSTANCE_TYPES: tuple[str, ...] = (
 CHECKPOINT_VOLUME: str = "rtj-checkpoints"
 SHM_VOLUME: str = "rtj-shm"
 SCRATCH_VOLUME: str = "rtj-scratch"
+FT_LAUNCHER_CONFIG_VOLUME: str = "rtj-ft-launcher"
+# The pod runtime copied from spec.runtimeImage (rtj_trainer.runtime.install), an emptyDir.
+RUNTIME_VOLUME: str = "rtj-runtime"
+RESERVED_VOLUMES: tuple[str, ...] = (
+    CHECKPOINT_VOLUME,
+    SHM_VOLUME,
+    SCRATCH_VOLUME,
+    FT_LAUNCHER_CONFIG_VOLUME,
+    RUNTIME_VOLUME,
+)
 SHM_MOUNT_PATH: str = "/dev/shm"
+# Where the ConfigMap of faultTolerance.ftLauncher.configMap is mounted, read-only (RTJ_FT_CONFIG_FILE is
+# this directory and the ConfigMap's key); reserved whether or not a job uses it.
+FT_LAUNCHER_CONFIG_MOUNT_PATH: str = "/etc/rtj/ft-launcher"
+# Where the runtime of spec.runtimeImage lies, read-only in the worker; reserved whether or not a job uses it.
+RUNTIME_MOUNT_PATH: str = "/opt/rtj/runtime"
+RESERVED_MOUNT_PATHS: tuple[str, ...] = (SHM_MOUNT_PATH, FT_LAUNCHER_CONFIG_MOUNT_PATH, RUNTIME_MOUNT_PATH)
+
+# The fields that only the project's training library (rtj_trainer, which rtj-train uses) honours, as
+# JSON paths under spec: a training script of one's own ignores them. Each one's description ends with
+# LIBRARY_ONLY_NOTE; the operator reports those a job sets to other than their default while its workers
+# report no library (library_only_fields_set). inProcess.enabled is library-only too, but not listed: a
+# script of one's own is told to set it false, which must not read as a setting it ignores.
+LIBRARY_ONLY_FIELDS: tuple[str, ...] = (
+    "checkpoint.intervalSteps",
+    "checkpoint.keep",
+    "checkpoint.mode",
+    "checkpoint.memoryIntervalSteps",
+    "faultTolerance.inProcess.maxIterations",
+    "faultTolerance.inProcess.softTimeoutSeconds",
+    "faultTolerance.inProcess.hardTimeoutSeconds",
+    "faultTolerance.inProcess.barrierTimeoutSeconds",
+)
+LIBRARY_ONLY_NOTE: str = (
+    "Applies to training scripts that use the rtj library (rtj-train does); a script of your own ignores it."
+)
 
 # A job's name becomes its Service name (a DNS-1035 label) and the prefix of its pods' hostnames
 # `<name>-worker-<i>` (DNS labels, at most 63 characters, with i < 1024): hence 50 characters.
@@ -345,13 +383,15 @@ class CheckpointSpec(ApiModel):
         default=100,
         ge=1,
         le=100_000_000,
-        description="intervalSteps is the number of steps between checkpoints. Optional; default: 100.",
+        description=f"intervalSteps is the number of steps between checkpoints. Optional; default: 100. "
+        f"{LIBRARY_ONLY_NOTE}",
     )
     keep: Int32 = Field(
         default=3,
         ge=1,
         le=1000,
-        description="keep is how many complete checkpoints are kept. Optional; default: 3.",
+        description=f"keep is how many complete checkpoints are kept. Optional; default: 3. "
+        f"{LIBRARY_ONLY_NOTE}",
     )
     memory_interval_steps: Int32 = Field(
         default=1,
@@ -363,14 +403,15 @@ class CheckpointSpec(ApiModel):
             "tier): a reserve rank that takes over a lost rank resumes from that copy, losing no step when "
             "it is taken every step; the cost is a copy of the rank's local state through host memory "
             "and the network per interval, and the host memory to hold a peer's copy. 0 turns it off "
-            "(recovery resumes from the newest checkpoint). Ignored under FtLauncher. Optional; default: 1."
+            "(recovery resumes from the newest checkpoint). Ignored under FtLauncher. Optional; default: 1. "
+            f"{LIBRARY_ONLY_NOTE}"
         ),
     )
     mode: CheckpointMode = Field(
         default=CheckpointMode.ASYNC,
         description=(
             "mode is Async (shards staged in memory and written in the background) or Sync. "
-            "Optional; default: Async."
+            f"Optional; default: Async. {LIBRARY_ONLY_NOTE}"
         ),
     )
     retention_policy: RetentionPolicy = Field(
@@ -409,34 +450,130 @@ class InProcessRestart(ApiModel):
     )
 
     enabled: Flag = Field(
-        default=True, description="enabled turns in-process restarts on. Optional; default: true."
+        default=True,
+        description="enabled turns in-process restarts on; a script of your own sets false (only the rtj "
+        "library restarts in-process). Optional; default: true.",
     )
     max_iterations: Int32 = Field(
         default=10,
         ge=1,
         le=1000,
         description="maxIterations is the number of in-process restarts before giving up to the launcher. "
-        "Optional; default: 10.",
+        f"Optional; default: 10. {LIBRARY_ONLY_NOTE}",
     )
     soft_timeout_seconds: Int32 = Field(
         default=60,
         ge=1,
         le=86400,
         description="softTimeoutSeconds is how long a rank may make no progress before it is interrupted. "
-        "Optional; default: 60.",
+        f"Optional; default: 60. {LIBRARY_ONLY_NOTE}",
     )
     hard_timeout_seconds: Int32 = Field(
         default=90,
         ge=1,
         le=86400,
         description="hardTimeoutSeconds is how long a rank may make no progress before it is terminated; "
-        "greater than softTimeoutSeconds. Optional; default: 90.",
+        f"greater than softTimeoutSeconds. Optional; default: 90. {LIBRARY_ONLY_NOTE}",
     )
     barrier_timeout_seconds: Int32 = Field(
         default=120,
         ge=1,
         le=86400,
-        description="barrierTimeoutSeconds bounds the restart barrier among ranks. Optional; default: 120.",
+        description="barrierTimeoutSeconds bounds the restart barrier among ranks. Optional; default: 120. "
+        f"{LIBRARY_ONLY_NOTE}",
+    )
+
+
+# Keys of ft_launcher's fault_tolerance section that ftLauncher.config may not set, and why: rtj-launch
+# passes the first two as ft_launcher flags from spec fields (a flag wins over the file); the next two are
+# torchelastic flags, not settings of the section (which would ignore them); rtj-launch sets the NIC
+# monitor itself (rtj_trainer.library.nvrx_compat.ft_launcher_tuning); and the map is the section itself.
+FT_CONFIG_KEYS_SET_ELSEWHERE: Mapping[str, str] = {
+    "initial_rank_heartbeat_timeout": (
+        "set spec.faultTolerance.initialHeartbeatTimeoutSeconds instead (0: off)"
+    ),
+    "rank_heartbeat_timeout": "set spec.faultTolerance.heartbeatTimeoutSeconds instead (0: off)",
+    "monitor_interval": "set spec.faultTolerance.monitorIntervalSeconds instead",
+    "max_restarts": "set spec.faultTolerance.maxInJobRestarts instead",
+    "enable_nic_monitor": "rtj-launch sets it (on for nodes with GPUs, off for CPU nodes)",
+    "fault_tolerance": "config is the fault_tolerance section itself: write its keys directly",
+}
+FT_CONFIG_MAX_KEYS: int = 64
+
+
+def _check_ft_config_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """Refuse the keys of FT_CONFIG_KEYS_SET_ELSEWHERE (CEL cannot see into a map of unknown fields)."""
+    refused = [f"{key}: {why}" for key, why in FT_CONFIG_KEYS_SET_ELSEWHERE.items() if key in config]
+    if refused:
+        raise ValueError(f"config may not set {'; '.join(refused)}")
+    return config
+
+
+# A map of unknown fields: the API server keeps it as written, the operator checks its keys.
+FtLauncherConfig = Annotated[
+    dict[str, Any],
+    Field(max_length=FT_CONFIG_MAX_KEYS),
+    SchemaExtra({"x-kubernetes-preserve-unknown-fields": True}),
+    AfterValidator(_check_ft_config_keys),
+]
+
+
+class FtLauncherConfigMap(ApiModel):
+    """A key of a ConfigMap that holds ft_launcher's config file, mounted read-only into the pods."""
+
+    name: Name = Field(
+        description="name is the ConfigMap's name, in the job's namespace; a pod waits in ContainerCreating "
+        "until the ConfigMap and its key exist. Required."
+    )
+    key: ConfigKey = Field(
+        default="config.yaml",
+        description=(
+            "key is the ConfigMap's key whose value is the file: YAML with a fault_tolerance section "
+            "(at the top level or nested), as ft_launcher's --ft-cfg-path reads it. It is mounted at "
+            f"{FT_LAUNCHER_CONFIG_MOUNT_PATH}/<key> ({constants.ENV_FT_CONFIG_FILE}). "
+            "Optional; default: config.yaml."
+        ),
+    )
+
+
+class FtLauncherSpec(ApiModel):
+    """ft_launcher's settings beyond the spec's own: NVRx's FaultToleranceConfig, inline or in a ConfigMap."""
+
+    cel_rules = (
+        CelRule(
+            rule="has(self.config) != has(self.configMap)",
+            message="exactly one of config, configMap must be set",
+            check=lambda s: (s.config is None) != (s.config_map is None),
+        ),
+    )
+
+    config: FtLauncherConfig | None = Field(
+        default=None,
+        description=(
+            "config is the fault_tolerance section of ft_launcher's config file, as a map of NVRx's "
+            "FaultToleranceConfig settings: for example rank_section_timeouts (a map of section name to "
+            "seconds) and rank_out_of_section_timeout for a script that uses NVRx's sections API, "
+            "workload_check_interval, safety_factor, rank_termination_signal, log_level (a script that "
+            "only times sections also sets heartbeatTimeoutSeconds and initialHeartbeatTimeoutSeconds to "
+            "0). "
+            "rtj-launch writes it to a file as `fault_tolerance: <config>` "
+            f"({constants.ENV_FT_CONFIG}) and passes it to ft_launcher; settings the image's NVRx "
+            "release does not know are ignored. The API server keeps "
+            "the map as written; the operator refuses a job (Ready=False, reason InvalidSpec) whose map "
+            f"sets one of {', '.join(FT_CONFIG_KEYS_SET_ELSEWHERE)}, saying what sets it instead (the "
+            "spec's fields or rtj-launch; ft_launcher's flags win over its file), and so does `rtj render`. "
+            f"Optional; one of config, configMap; at most {FT_CONFIG_MAX_KEYS} entries."
+        ),
+    )
+    config_map: FtLauncherConfigMap | None = Field(
+        default=None,
+        description=(
+            "configMap names a ConfigMap key holding the whole config file, mounted read-only at "
+            f"{FT_LAUNCHER_CONFIG_MOUNT_PATH}/ in the worker and spare containers "
+            f"({constants.ENV_FT_CONFIG_FILE}); the operator does not read it. A file that sets "
+            "initial_rank_heartbeat_timeout or rank_heartbeat_timeout keeps its values (rtj-launch then "
+            "passes no heartbeat flag). Optional; one of config, configMap."
+        ),
     )
 
 
@@ -457,15 +594,29 @@ class FaultTolerance(ApiModel):
             field_path=".launcher",
         ),
         CelRule(
+            rule="(self.heartbeatTimeoutSeconds == 0) == (self.initialHeartbeatTimeoutSeconds == 0)",
+            message=(
+                "heartbeatTimeoutSeconds and initialHeartbeatTimeoutSeconds are 0 together (heartbeat "
+                "timeouts off) or neither"
+            ),
+            check=lambda s: (s.heartbeat_timeout_seconds == 0) == (s.initial_heartbeat_timeout_seconds == 0),
+            field_path=".heartbeatTimeoutSeconds",
+        ),
+        CelRule(
             rule="self.initialHeartbeatTimeoutSeconds >= self.heartbeatTimeoutSeconds",
             message="initialHeartbeatTimeoutSeconds must be at least heartbeatTimeoutSeconds",
             check=lambda s: s.initial_heartbeat_timeout_seconds >= s.heartbeat_timeout_seconds,
             field_path=".initialHeartbeatTimeoutSeconds",
         ),
         CelRule(
-            rule="self.monitorIntervalSeconds < self.heartbeatTimeoutSeconds",
+            rule=(
+                "self.heartbeatTimeoutSeconds == 0 || "
+                "self.monitorIntervalSeconds < self.heartbeatTimeoutSeconds"
+            ),
             message="monitorIntervalSeconds must be less than heartbeatTimeoutSeconds",
-            check=lambda s: s.monitor_interval_seconds < s.heartbeat_timeout_seconds,
+            check=lambda s: (
+                s.heartbeat_timeout_seconds == 0 or s.monitor_interval_seconds < s.heartbeat_timeout_seconds
+            ),
             field_path=".monitorIntervalSeconds",
         ),
         CelRule(
@@ -475,12 +626,20 @@ class FaultTolerance(ApiModel):
             ),
             message=(
                 "heartbeatTimeoutSeconds must be greater than inProcess.hardTimeoutSeconds while in-process "
-                "restarts are enabled (an in-process restart must finish before the launcher declares a hang)"
+                "restarts are enabled (an in-process restart must finish before the launcher declares a "
+                "hang; a script of your own, which does not restart in-process, sets "
+                "inProcess.enabled: false)"
             ),
             check=lambda s: (
                 (not s.in_process.enabled) or s.heartbeat_timeout_seconds > s.in_process.hard_timeout_seconds
             ),
             field_path=".heartbeatTimeoutSeconds",
+        ),
+        CelRule(
+            rule=f"self.launcher != '{Launcher.SUPERVISOR.value}' || !has(self.ftLauncher)",
+            message="ftLauncher applies to launcher FtLauncher only",
+            check=lambda s: s.launcher is not Launcher.SUPERVISOR or s.ft_launcher is None,
+            field_path=".ftLauncher",
         ),
     )
 
@@ -505,17 +664,20 @@ class FaultTolerance(ApiModel):
     )
     heartbeat_timeout_seconds: Int32 = Field(
         default=300,
-        ge=1,
+        ge=0,
         le=86400,
         description="heartbeatTimeoutSeconds is how long a rank may miss heartbeats before ft_launcher "
-        "restarts the workers. Optional; default: 300.",
+        "restarts the workers; 0 (with initialHeartbeatTimeoutSeconds 0) turns heartbeat timeouts off, as "
+        "a script that times NVRx sections and sends no heartbeats needs (its section timeouts go in "
+        "ftLauncher.config). Optional; default: 300.",
     )
     initial_heartbeat_timeout_seconds: Int32 = Field(
         default=600,
-        ge=1,
+        ge=0,
         le=86400,
         description="initialHeartbeatTimeoutSeconds is the heartbeat timeout before a rank's first "
-        "heartbeat; at least heartbeatTimeoutSeconds. Optional; default: 600.",
+        "heartbeat; at least heartbeatTimeoutSeconds; 0 only with heartbeatTimeoutSeconds 0 (off). "
+        "Optional; default: 600.",
     )
     monitor_interval_seconds: Int32 = Field(
         default=5,
@@ -533,7 +695,21 @@ class FaultTolerance(ApiModel):
     )
     in_process: InProcessRestart = Field(
         default_factory=InProcessRestart,
-        description="inProcess configures NVRx in-process restarts. Optional; default: enabled.",
+        description=(
+            "inProcess configures NVRx in-process restarts. A script of your own sets enabled: false (it "
+            "restarts through ft_launcher only, and heartbeatTimeoutSeconds need then not exceed "
+            "inProcess.hardTimeoutSeconds); rtj-train, the default command, restarts in-process. "
+            f"Optional; default: enabled. {LIBRARY_ONLY_NOTE}"
+        ),
+    )
+    ft_launcher: FtLauncherSpec | None = Field(
+        default=None,
+        description=(
+            "ftLauncher configures ft_launcher beyond the fields above, with NVRx's own settings: inline "
+            "(config) or from a ConfigMap (configMap). The fields above still apply: rtj-launch passes "
+            "them to ft_launcher as flags, which win over the file. Applies to launcher FtLauncher only. "
+            "Optional; default: none (ft_launcher's defaults)."
+        ),
     )
 
 
@@ -689,6 +865,14 @@ class DisruptionSpec(ApiModel):
         "(owned by the job). Optional; default: none (a drain evicts workers, and each saves a checkpoint "
         "on SIGTERM).",
     )
+    move_on_notice: Flag = Field(
+        default=False,
+        description="moveOnNotice moves a worker as soon as its node shows a planned disruption (a cordon, "
+        "Karpenter's, the AWS Node Termination Handler's or the cluster autoscaler's taint): it saves a "
+        "checkpoint on SIGTERM and its replacement goes to another node before the eviction comes. "
+        "Optional; default: false (the worker stays until it is evicted; a spot interruption notice moves "
+        "it either way).",
+    )
 
 
 class FailurePolicy(ApiModel):
@@ -785,6 +969,35 @@ DEFAULT_STALL_AFTER_SECONDS: int = 600
 MAX_STALL_AFTER_SECONDS: int = 7 * 86400
 
 
+MAX_STEP_LOG_PATTERN_LENGTH: int = 256
+
+
+def _check_step_log_pattern(pattern: str) -> str:
+    """A Python regex with a group for the step: ``step``, else the first group (which must not be
+    ``loss``). Checked in Python only: CEL cannot compile a Python regex."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"stepLogPattern is not a Python regular expression: {error}") from None
+    if "step" in compiled.groupindex:
+        return pattern
+    if compiled.groups == 0:
+        raise ValueError(
+            "stepLogPattern needs a group for the step: a named group (?P<step>...) or any group"
+        )
+    if compiled.groupindex.get("loss") == 1:
+        raise ValueError("stepLogPattern's first group is the loss: name the step's group (?P<step>...)")
+    return pattern
+
+
+StepLogPattern = Annotated[
+    str,
+    Strict(),
+    Field(min_length=1, max_length=MAX_STEP_LOG_PATTERN_LENGTH),
+    AfterValidator(_check_step_log_pattern),
+]
+
+
 class ProgressSpec(ApiModel):
     """How the operator judges the training progress its workers report."""
 
@@ -798,6 +1011,22 @@ class ProgressSpec(ApiModel):
             "restarted). It counts from the step's last advance or from when the workers last all became "
             "ready, whichever is later, so a restart the operator makes is not a stall until its workers "
             f"are ready. Optional; default: {DEFAULT_STALL_AFTER_SECONDS}; 1 to {MAX_STALL_AFTER_SECONDS}."
+        ),
+    )
+    step_log_pattern: StepLogPattern | None = Field(
+        default=None,
+        description=(
+            "stepLogPattern is a Python regular expression that rtj-launch matches against each line the "
+            "training processes write (stdout and stderr; the lines still go to the container's log): a "
+            "match reports the training step, from the named group step (else the first group), and the "
+            "loss from an optional named group loss, as local rank 0 prints them (another rank's when rank "
+            "0 prints none). It gives a script of your own, which reports no progress otherwise, a step and "
+            "loss in the job's status, recoveries timed to the next step and stall detection; the rtj "
+            "library's reports win over it. For example ^step (?P<step>\\d+) loss (?P<loss>\\S+). The API "
+            "server cannot compile a Python regex: the operator refuses a job (Ready=False, reason "
+            "InvalidSpec) whose pattern does not compile or has no group for the step, and so does "
+            f"`rtj render`. Optional; default: none (no step from the log); at most "
+            f"{MAX_STEP_LOG_PATTERN_LENGTH} characters."
         ),
     )
 
@@ -835,15 +1064,9 @@ class ResilientTrainingJobSpec(ApiModel):
             field_path=".resources",
         ),
         CelRule(
-            rule=(
-                "!has(self.volumes) || "
-                "self.volumes.all(v, !(v.name in "
-                f"['{CHECKPOINT_VOLUME}', '{SHM_VOLUME}', '{SCRATCH_VOLUME}']))"
-            ),
-            message=f"volume names {CHECKPOINT_VOLUME}, {SHM_VOLUME} and {SCRATCH_VOLUME} are reserved",
-            check=lambda s: all(
-                v.name not in (CHECKPOINT_VOLUME, SHM_VOLUME, SCRATCH_VOLUME) for v in s.volumes
-            ),
+            rule=f"!has(self.volumes) || self.volumes.all(v, !(v.name in {list(RESERVED_VOLUMES)!r}))",
+            message=f"volume names {', '.join(RESERVED_VOLUMES)} are reserved",
+            check=lambda s: all(v.name not in RESERVED_VOLUMES for v in s.volumes),
             field_path=".volumes",
         ),
         CelRule(
@@ -858,11 +1081,13 @@ class ResilientTrainingJobSpec(ApiModel):
         CelRule(
             rule=(
                 "!has(self.volumeMounts) || self.volumeMounts.all(m, "
-                f"m.mountPath != self.checkpoint.mountPath && m.mountPath != '{SHM_MOUNT_PATH}')"
+                "m.mountPath != self.checkpoint.mountPath && "
+                f"!(m.mountPath in {list(RESERVED_MOUNT_PATHS)!r}))"
             ),
-            message=f"volumeMounts may not use checkpoint.mountPath or {SHM_MOUNT_PATH}",
+            message=f"volumeMounts may not use checkpoint.mountPath, {' or '.join(RESERVED_MOUNT_PATHS)}",
             check=lambda s: all(
-                m.mount_path not in (s.checkpoint.mount_path, SHM_MOUNT_PATH) for m in s.volume_mounts
+                m.mount_path != s.checkpoint.mount_path and m.mount_path not in RESERVED_MOUNT_PATHS
+                for m in s.volume_mounts
             ),
             field_path=".volumeMounts",
         ),
@@ -873,9 +1098,10 @@ class ResilientTrainingJobSpec(ApiModel):
             field_path=".podLabels",
         ),
         CelRule(
-            rule=f"self.checkpoint.mountPath != '{SHM_MOUNT_PATH}'",
-            message=f"checkpoint.mountPath may not be {SHM_MOUNT_PATH} (the shared-memory volume's)",
-            check=lambda s: s.checkpoint.mount_path != SHM_MOUNT_PATH,
+            rule=f"!(self.checkpoint.mountPath in {list(RESERVED_MOUNT_PATHS)!r})",
+            message=f"checkpoint.mountPath may not be {' or '.join(RESERVED_MOUNT_PATHS)} (the shared-memory "
+            "volume's, ft_launcher's config file's and the injected runtime's)",
+            check=lambda s: s.checkpoint.mount_path not in RESERVED_MOUNT_PATHS,
             field_path=".checkpoint.mountPath",
         ),
         CelRule(
@@ -914,6 +1140,13 @@ class ResilientTrainingJobSpec(ApiModel):
     image_pull_policy: ImagePullPolicy = Field(
         default=ImagePullPolicy.IF_NOT_PRESENT,
         description="imagePullPolicy is Always, IfNotPresent or Never. Optional; default: IfNotPresent.",
+    )
+    runtime_image: Image | None = Field(
+        default=None,
+        description="runtimeImage is an image that holds this project's pod runtime (rtj-launch, the "
+        "rtj_trainer package): when set, an init container copies the runtime from it into the pod "
+        f"({RUNTIME_MOUNT_PATH}) and the worker runs it with image's own python3, so image needs only "
+        "Python 3.11 or newer, torch and NVRx (docs/byo.md). Optional; default: image holds the runtime.",
     )
     command: list[Arg] = Field(
         default_factory=lambda: ["rtj-train"],
@@ -974,8 +1207,8 @@ class ResilientTrainingJobSpec(ApiModel):
     )
     disruption: DisruptionSpec = Field(
         default_factory=DisruptionSpec,
-        description="disruption configures the do-not-disrupt annotation and a PodDisruptionBudget. "
-        "Optional.",
+        description="disruption configures the do-not-disrupt annotation, a PodDisruptionBudget and "
+        "moving on notice. Optional.",
     )
     rendezvous: Annotated[RendezvousSpec, Immutable()] = Field(
         default_factory=RendezvousSpec,
@@ -1046,3 +1279,23 @@ class ResilientTrainingJobSpec(ApiModel):
         description="podAnnotations are added to every pod; keys are qualified names. "
         "Optional; default: empty.",
     )
+
+
+def library_only_fields_set(spec: ResilientTrainingJobSpec) -> tuple[str, ...]:
+    """The LIBRARY_ONLY_FIELDS that ``spec`` sets to a value other than the field's default, in order."""
+    return tuple(path for path in LIBRARY_ONLY_FIELDS if _differs_from_default(spec, path))
+
+
+def _differs_from_default(spec: ResilientTrainingJobSpec, path: str) -> bool:
+    *parents, leaf = path.split(".")
+    model: BaseModel = spec
+    for key in parents:
+        model = getattr(model, _attribute(type(model), key))
+    attr = _attribute(type(model), leaf)
+    default = type(model).model_fields[attr].get_default(call_default_factory=True)
+    return bool(getattr(model, attr) != default)
+
+
+def _attribute(model: type[BaseModel], key: str) -> str:
+    """The Python attribute of the field whose JSON name is ``key``."""
+    return next(attr for attr, info in model.model_fields.items() if (info.alias or attr) == key)

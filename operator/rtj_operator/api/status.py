@@ -26,9 +26,25 @@ class JobState(enum.StrEnum):
     RUNNING = "Running"
     STALLED = "Stalled"
     RECOVERING = "Recovering"
+    BLOCKED = "Blocked"  # Blocked=True: the job cannot get its pods (refused, too few nodes, FSx)
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+
+
+class StepSource(enum.StrEnum):
+    """Where the training step a worker reports comes from (the report's `sources.step`)."""
+
+    LIBRARY = "Library"  # the rtj library's own report (rtj-train)
+    LOG_PATTERN = "LogPattern"  # a line of the script's output matched spec.progress.stepLogPattern
+    NOT_REPORTED = "NotReported"  # neither: the job's step is not known
+
+
+class RestartsSource(enum.StrEnum):
+    """Who counts the in-process and in-job restarts a worker reports (the report's `sources.restarts`)."""
+
+    LIBRARY = "Library"  # the rtj library, which sees in-process and in-job restarts
+    LAUNCHER = "Launcher"  # rtj-launch, from the ranks it saw start and end (in-job restarts only)
 
 
 class EntryState(enum.StrEnum):
@@ -57,7 +73,8 @@ class Condition(StatusModel):
     """A Kubernetes-style condition."""
 
     type: str = Field(
-        description="type is Ready, Recovering, Stalled, Suspended, Succeeded, Failed or Blocked."
+        description="type is Ready, Recovering, Stalled, Suspended, Succeeded, Failed, Blocked or "
+        "SettingsIgnored."
     )
     status: ConditionStatus = Field(description="status is True, False or Unknown.")
     reason: str | None = Field(
@@ -83,6 +100,15 @@ class PodStatus(StatusModel):
         default=None,
         description="state is Creating, Pending, Running, Succeeded, Failed, Replacing or Suspended: the "
         "operator's record of the pod.",
+    )
+    start_failures: Count | None = Field(
+        default=None,
+        description="startFailures counts the consecutive pods of this worker that failed the same way "
+        "(lastStartFailure) before any training step; at 3 the job fails (StartupFailed).",
+    )
+    last_start_failure: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None,
+        description="lastStartFailure is the exit code and message those pods failed with.",
     )
 
 
@@ -174,6 +200,21 @@ class CheckpointStatus(StatusModel):
     time: DateTime | None = Field(default=None, description="time is when it was committed.")
 
 
+class ProgressSources(StatusModel):
+    """Where the figures of status.progress and status.restarts come from."""
+
+    step: StepSource | None = Field(
+        default=None,
+        description="step is Library (the rtj library reports it), LogPattern (matched in the script's "
+        "output by spec.progress.stepLogPattern) or NotReported (no step is known: stalls are not judged).",
+    )
+    restarts: RestartsSource | None = Field(
+        default=None,
+        description="restarts is Library (the rtj library counts in-process and in-job restarts) or "
+        "Launcher (rtj-launch counts the in-job restarts it saw).",
+    )
+
+
 class ProgressStatus(StatusModel):
     """Training progress folded from the pods' reports."""
 
@@ -199,13 +240,45 @@ class ProgressStatus(StatusModel):
         description="lastAdvanceTime is when the operator first saw currentStep increase: when training "
         "last completed a step.",
     )
+    samples: Int64 | None = Field(
+        default=None,
+        description="samples is the number of samples the job trained on up to step, as the training "
+        "script reports them through the rtj library (the global batch of each step); absent when it "
+        "reports none.",
+    )
+    tokens: Int64 | None = Field(
+        default=None,
+        description="tokens is the number of tokens the job trained on up to step, as the training "
+        "script reports them through the rtj library; absent when it reports none.",
+    )
+    samples_per_second: float | None = Field(
+        default=None,
+        description="samplesPerSecond is the job's recent throughput in samples per second of useful "
+        "step time (time blocked by checkpoint saves left out), over the newest 30 s of it (less just "
+        "after a start).",
+    )
+    tokens_per_second: float | None = Field(
+        default=None,
+        description="tokensPerSecond is the job's recent throughput in tokens per second of useful "
+        "step time, measured as samplesPerSecond is.",
+    )
+    sources: ProgressSources | None = Field(
+        default=None, description="sources says where the step and the restart counts come from."
+    )
+    library: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None,
+        description="library is the version of the rtj library the workers report through; absent for a "
+        "training script of one's own.",
+    )
 
 
 class RecoveryStatus(StatusModel):
-    """The newest recovery the operator made, from the fault to the first step after it."""
+    """The newest recovery from a fault, from the fault to the first step (or the ranks) after it."""
 
     reason: str | None = Field(
-        default=None, description="reason is the fault's reason (NodeLost, WorkerFailed, WorkerDisrupted)."
+        default=None,
+        description="reason is the fault's reason (NodeLost, WorkerFailed, WorkerDisrupted), or InJobRestart "
+        "for an in-job restart that rtj-launch timed (a job whose restarts source is Launcher).",
     )
     fault_time: DateTime | None = Field(
         default=None, description="faultTime is when the operator counted the fault and began recovering."
@@ -213,7 +286,8 @@ class RecoveryStatus(StatusModel):
     resume_time: DateTime | None = Field(
         default=None,
         description="resumeTime is when training advanced again after the fault (every worker ready and "
-        "the step advanced), or, for a trainer that reports no progress, when every worker was ready.",
+        "the step advanced); for a job that reports no step, when the ranks of every worker were running "
+        "again (or, with no report at all, when every worker was ready).",
     )
     duration_seconds: float | None = Field(
         default=None, description="durationSeconds is resumeTime - faultTime."
@@ -266,15 +340,16 @@ class ResilientTrainingJobStatus(StatusModel):
     )
     state: JobState | None = Field(
         default=None,
-        description="state is Pending, Running, Stalled, Recovering, Suspended, Succeeded or Failed, derived "
-        "from the conditions for kubectl.",
+        description="state is Pending, Running, Stalled, Recovering, Blocked, Suspended, Succeeded or "
+        "Failed, derived from the conditions for kubectl.",
     )
     conditions: Annotated[
         list[Condition],
         SchemaExtra({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
     ] = Field(
         default_factory=list,
-        description="conditions are Ready, Recovering, Stalled, Suspended, Succeeded, Failed, Blocked.",
+        description="conditions are Ready, Recovering, Stalled, Suspended, Succeeded, Failed, Blocked, "
+        "SettingsIgnored.",
     )
     start_time: DateTime | None = Field(
         default=None, description="startTime is when the job's pods were first created."

@@ -25,12 +25,15 @@ The modules, in reading order:
 - `actions`: what a decision asks for (`CreateObject`, `DeletePod`, ...), `Event`, `Plan`.
 - `state`: the typed pass state (`PassState`) and the status records it rewrites.
 - `failures`: lost workers, fault counting and budgets, node faults and exclusion.
+- `startup`: a worker whose training command cannot start fails the job at once (`StartupFailed`).
 - `placement`: workers and spares toward running pods; hot spares used for replacements.
 - `lifecycle`: running, suspended, resumed, finished, TTL, invalid specs, deletion.
 - `filesystems`: no create for a job whose FSx file system is not allowed for its namespace.
 - `admission`: children the API server refused; creates held until the spec changes or a recheck.
 - `capacity`: whether enough nodes could ever hold a worker; no pod is created until they do.
-- `training`: whether training advances: `Stalled`, and a recovery that ends with the first step.
+- `training`: whether training advances: `Stalled` (`Unknown` while no step is reported), and a
+  recovery that ends with the first step (or, without steps, with every worker's ranks running).
+- `library`: whether the training uses the rtj library; `SettingsIgnored` lists what it ignores if not.
 - `checkpoint_advice`: the checkpoint interval the measured save cost and fault rate advise.
 - `conditions`: conditions and the state derived from them.
 - `milestones`: the once-per-job Events, posted under names of their own and re-posted after a

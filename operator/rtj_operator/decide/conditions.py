@@ -12,22 +12,24 @@ from datetime import datetime
 from typing import Any
 
 from rtj_operator import events
-from rtj_operator.api import JobState
-from rtj_operator.progress import format_time
+from rtj_operator.api import ConditionStatus, JobState
+from rtj_operator.progress import format_time, parse_time
 
 
 def set_condition(  # noqa: PLR0913 - keyword-only, each a named field; callers pass them by name
     conditions: list[dict[str, Any]],
     type_: str,
     *,
-    status: bool,
+    status: bool | ConditionStatus,
     reason: str,
     message: str,
     now: datetime,
     generation: int,
 ) -> bool:
-    """Set a condition in place; lastTransitionTime moves only when `status` flips. Returns flipped."""
-    value = "True" if status else "False"
+    """Set a condition in place; lastTransitionTime moves only when `status` flips. Returns flipped.
+
+    `status` is True or False, or a `ConditionStatus` (Unknown: the operator cannot tell)."""
+    value = status.value if isinstance(status, ConditionStatus) else ("True" if status else "False")
     for condition in conditions:
         if condition.get("type") == type_:
             flipped = condition.get("status") != value
@@ -57,6 +59,14 @@ def condition_set(conditions: Sequence[Mapping[str, Any]], type_: str) -> bool:
     return any(c.get("type") == type_ for c in conditions)
 
 
+def ready_since(conditions: Sequence[Mapping[str, Any]], now: datetime) -> datetime | None:
+    """When every worker last became ready (Ready's transition), if they all are now."""
+    ready = next((c for c in conditions if c.get("type") == events.COND_READY), None)
+    if ready is None or ready.get("status") != "True":
+        return None
+    return parse_time(ready.get("lastTransitionTime")) or now
+
+
 def finished(conditions: Sequence[Mapping[str, Any]]) -> bool:
     """Succeeded or Failed: the job is done and only its cleanup (and TTL) remain."""
     return condition_true(conditions, events.COND_SUCCEEDED) or condition_true(conditions, events.COND_FAILED)
@@ -67,6 +77,8 @@ _STATE_BY_CONDITION = (
     (events.COND_FAILED, JobState.FAILED),
     (events.COND_SUCCEEDED, JobState.SUCCEEDED),
     (events.COND_SUSPENDED, JobState.SUSPENDED),
+    # A job that cannot get its pods says so before anything about its training.
+    (events.COND_BLOCKED, JobState.BLOCKED),
     # A recovery that does not resume training within the stall time reads Stalled: stuck, not healing.
     (events.COND_STALLED, JobState.STALLED),
     (events.COND_RECOVERING, JobState.RECOVERING),

@@ -8,12 +8,18 @@ after that write resumes from `Replacing` without counting again; a crash before
 - `detect_losses`: the workers lost since the last pass, and why (`Loss`). A worker that failed while
   another worker's node is NotReady (within its grace period) is held back until that node's fate is
   known: its failure is most likely that node's loss seen from the other side.
+- A planned disruption (`rtj_operator.disruptions`: an eviction, a preemption, a graceful shutdown,
+  and a worker that exited `PEER_DRAINED_EXIT_CODE` after another pod's drain) is a Disruption: its
+  node's fault only when its signal blames the node (`disruptions.blames_node`).
 - `judge`: each loss's fault class (NodeLoss, ProcessFailure, Disruption) and the action of the first
-  `failurePolicy.rules` entry that matches it, else the class's default (`Verdict`).
-- `handle_losses`: charge the verdicts against `failurePolicy.maxNodeReplacements` and the windowed
-  `budgets` (or fail the job), record node faults, grow the backoff series, and choose the scope: the
-  lost workers, or every worker (a gang restart) when worker 0 (the rendezvous host) was lost or the
-  action is RestartJob (a process failure's default).
+  `failurePolicy.rules` entry that matches it, else FailJob for a worker whose launcher said its
+  command cannot start (`decide.startup`), else the class's default (`Verdict`).
+- `handle_losses`: fail the job on a FailJob verdict or a worker that failed the same way before any
+  step too often (`decide.startup`), else charge the verdicts against
+  `failurePolicy.maxNodeReplacements` and the windowed `budgets` (or fail the job), record node
+  faults, grow the backoff series, and choose the scope: the lost workers, or every worker (a gang
+  restart) when worker 0 (the rendezvous host) was lost or the action is RestartJob (a process
+  failure's default). A failed job is `Ready=False` and `Recovering=False` in the same pass.
 - Under `faultTolerance.launcher` Supervisor the rendezvous host is gone: worker 0's loss is one
   worker's like any other (its ranks are taken over in-process by reserve ranks; the replacement pod
   stands by). The world's stores live in the store pod instead, whose loss (`detect_store_loss`) is
@@ -31,8 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from rtj_operator import constants, events
+from rtj_operator import constants, disruptions, events
 from rtj_operator.api import EntryState, ExitCodeOperator, FailureAction, FailureRule, FaultClass
+from rtj_operator.decide import startup
 from rtj_operator.decide.actions import TaintNode
 from rtj_operator.decide.state import (
     SPARE,
@@ -44,13 +51,8 @@ from rtj_operator.decide.state import (
     NodeFaultRecord,
     PassState,
 )
-from rtj_operator.observe import NodeProblem, PodState
+from rtj_operator.observe import NodeProblem, PodState, node_disruption
 from rtj_operator.progress import format_time, parse_time
-
-# Pod status reasons that say the pod was pushed off its node, not that its processes failed.
-DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "Shutdown"})
-# DisruptionTarget reasons that put the blame on the node.
-NODE_BLAMED_DISRUPTIONS = frozenset({"DeletionByTaintManager", "TerminationByKubelet"})
 
 
 @dataclass(frozen=True)
@@ -138,23 +140,40 @@ def _pod_faulty(run: PassState, entry: Entry, pod: PodState) -> Loss | None:
     problem = run.problem(pod)
     if problem is not None:
         return Loss(index, pod, events.NODE_LOST, problem.message, problem, role)
-    if pod.disruption or pod.status_reason in DISRUPTION_REASONS:
+    if disruptions.is_pod_disruption(pod.disruption, pod.status_reason):
         cause = pod.disruption or pod.status_reason
-        node_blamed = NodeProblem(cause, f"pod {pod.name} disrupted on {pod.node_name}: {cause}")
         return Loss(
             index,
             pod,
             events.WORKER_DISRUPTED,
             f"{role} pod {pod.name} was disrupted ({cause})",
-            node_blamed if cause in NODE_BLAMED_DISRUPTIONS else None,
+            _node_blamed(run, pod, cause),
             role,
         )
     if pod.deleting:
         return Loss(index, pod, events.WORKER_DISRUPTED, f"{role} pod {pod.name} was deleted", None, role)
+    if left_for_a_peers_drain(pod):
+        message = f"{role} pod {pod.name} left after another pod's drain (exit {pod.exit_code})"
+        return Loss(index, pod, events.WORKER_DISRUPTED, message, None, role)
     if pod.phase == "Failed":
         detail = f": {pod.message}" if pod.message else ""
         return Loss(index, pod, events.WORKER_FAILED, f"{role} pod {pod.name} failed{detail}", None, role)
     return None
+
+
+def _node_blamed(run: PassState, pod: PodState, cause: str) -> NodeProblem | None:
+    """The node's fault behind a pod disruption, if the node is to blame (`disruptions.blames_node`)."""
+    node = run.observed.nodes.get(pod.node_name)
+    planned = node is not None and node_disruption(node) is not None
+    if not disruptions.blames_node(pod.disruption, pod.status_reason, node_in_maintenance=planned):
+        return None
+    return NodeProblem(cause, f"pod {pod.name} disrupted on {pod.node_name}: {cause}")
+
+
+def left_for_a_peers_drain(pod: PodState | None) -> bool:
+    """A pod that failed because another pod of the job is draining (`PEER_DRAINED_EXIT_CODE`): the
+    drain's consequence, a disruption, though only a gang restart brings its world back."""
+    return pod is not None and pod.phase == "Failed" and pod.exit_code == constants.PEER_DRAINED_EXIT_CODE
 
 
 @dataclass(frozen=True)
@@ -188,7 +207,9 @@ def rule_matches(rule: FailureRule, cls: FaultClass, pod: PodState | None) -> bo
     if pod is None:
         return False
     if rule.on_exit_codes is not None:
-        if cls != FaultClass.PROCESS_FAILURE or pod.exit_code is None:
+        # An exit after another pod's drain is a Disruption, still told by its exit code.
+        exited = cls == FaultClass.PROCESS_FAILURE or left_for_a_peers_drain(pod)
+        if not exited or pod.exit_code is None:
             return False
         inside = pod.exit_code in rule.on_exit_codes.values
         return inside if rule.on_exit_codes.operator == ExitCodeOperator.IN else not inside
@@ -208,6 +229,10 @@ def judge(run: PassState, loss: Loss) -> Verdict:
     for number, rule in enumerate(run.job.model.spec.failure_policy.rules):
         if rule_matches(rule, cls, loss.pod):
             return Verdict(loss, cls, rule.action, number)
+    if cls == FaultClass.PROCESS_FAILURE and startup.launcher_gave_up(loss.pod):
+        return Verdict(loss, cls, FailureAction.FAIL_JOB, None)  # no restart brings it up
+    if cls == FaultClass.DISRUPTION and left_for_a_peers_drain(loss.pod):
+        return Verdict(loss, cls, FailureAction.RESTART_JOB, None)  # its world is gone
     return Verdict(loss, cls, DEFAULT_ACTIONS[cls], None)
 
 
@@ -222,9 +247,13 @@ def handle_losses(run: PassState, losses: list[Loss]) -> bool:
             record_node_fault(run, node, loss.node_problem)
             if loss.reason == events.NODE_LOST:
                 run.counters["node_losses"] += 1
+    repeated = _record_start_failures(run, verdicts)
     fatal = next((v for v in verdicts if v.action == FailureAction.FAIL_JOB), None)
     if fatal is not None:
-        _fail_by_rule(run, fatal)
+        _fail_fatal(run, fatal)
+        return False
+    if repeated is not None:
+        _fail(run, events.STARTUP_FAILED, repeated)
         return False
     charged = _charged_units(verdicts)
     if not _within_budgets(run, verdicts, charged):
@@ -234,6 +263,22 @@ def handle_losses(run: PassState, losses: list[Loss]) -> bool:
     run.condition(events.COND_RECOVERING, True, lead.event_reason, lead.message)
     _choose_scope(run, verdicts)
     return True
+
+
+def _record_start_failures(run: PassState, verdicts: list[Verdict]) -> str | None:
+    """Each lost worker's failure in its series of failed starts (`decide.startup`); the message that
+    fails the job when one worker's series is long enough."""
+    failed = None
+    for verdict in verdicts:
+        loss = verdict.loss
+        if loss.role != WORKER:
+            continue
+        # Only the worker's own failure as the default policy judges it; a rule's or a consequence's
+        # (replaced, not restarted: `_consequences_apart`) ends the series.
+        own = verdict.fault_class == FaultClass.PROCESS_FAILURE and verdict.rule is None
+        counts = own and verdict.action == DEFAULT_ACTIONS[FaultClass.PROCESS_FAILURE]
+        failed = startup.record_start_failure(run, loss.index, loss.pod, counts=counts) or failed
+    return failed
 
 
 def _consequences_apart(verdicts: list[Verdict]) -> list[Verdict]:
@@ -317,7 +362,8 @@ def _count(run: PassState, charged: list[Verdict]) -> None:
     run.budget.recent += [
         (v.fault_class.value, format_time(run.now)) for v in counted if v.fault_class in windowed
     ]
-    if counted:
+    # A disruption is no crash loop: it never lengthens the backoff of the replacements after it.
+    if any(v.fault_class != FaultClass.DISRUPTION for v in counted):
         _grow_backoff_series(run)
     run.restarts.pod_replacement += len(charged)
     run.counters["pod_replacements"] += len(charged)
@@ -375,6 +421,8 @@ def _gang_restart_cause(run: PassState, verdicts: list[Verdict]) -> str:
         return "the store pod (the training world's stores) was lost"
     if any(v.rule is not None and v.action == FailureAction.RESTART_JOB for v in verdicts):
         return "a failurePolicy rule asks for it"
+    if any(left_for_a_peers_drain(v.loss.pod) for v in verdicts):
+        return "a worker's processes left after another pod's drain"
     return "a worker's processes failed"
 
 
@@ -387,16 +435,21 @@ def _rebuild_world(run: PassState) -> None:
     for index in range(run.job.hot_spares):
         pod = run.pod(SPARE, index)
         if pod is not None:
-            run.delete_pod(pod, force=run.problem(pod) is not None)
+            run.remove_pod(pod)
             del run.pods[(SPARE, index)]
         run.entry(SPARE, index).reset()
         run.spares_taken.add(index)  # recreated on a later pass, once the name is free
 
 
-def _fail_by_rule(run: PassState, verdict: Verdict) -> None:
+def _fail_fatal(run: PassState, verdict: Verdict) -> None:
+    """A FailJob verdict: a failurePolicy rule's, else the launcher's word that the command cannot start."""
+    loss = verdict.loss
+    if verdict.rule is None:
+        _fail(run, events.STARTUP_FAILED, startup.launcher_message(loss.index, loss.pod, loss.message))
+        return
     message = (
         f"rule {verdict.rule} of failurePolicy.rules (FailJob) matched a {verdict.fault_class}: "
-        f"{verdict.loss.message}"
+        f"{loss.message}"
     )
     _fail(run, events.FAILED_BY_RULE, message)
 
@@ -406,7 +459,10 @@ def _fail_budget(run: PassState, used: str, verdicts: list[Verdict]) -> None:
 
 
 def _fail(run: PassState, reason: str, message: str) -> None:
+    """Failed, and in the same status write neither Ready nor Recovering: nothing runs any more."""
     run.condition(events.COND_FAILED, True, reason, message)
+    run.condition(events.COND_READY, False, reason, "the job failed")
+    run.condition(events.COND_RECOVERING, False, reason, "the job failed")
     run.event(events.WARNING, reason, message)
     run.completion_time = run.completion_time or format_time(run.now)
     run.remove_all_pods()

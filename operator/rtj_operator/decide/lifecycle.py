@@ -50,7 +50,7 @@ def resume(run: PassState) -> None:
 def remove_surplus(run: PassState) -> None:
     """Pods and entries with an index beyond the spec (it shrank, or someone made them) go."""
     for pod in run.stray:
-        run.delete_pod(pod, force=run.problem(pod) is not None)
+        run.remove_pod(pod)
     limits = {WORKER: run.job.nodes, SPARE: run.job.hot_spares, STORE: 1 if run.job.supervisor else 0}
     for key in [k for k in run.entries if k[1] >= limits.get(k[0], run.job.hot_spares)]:
         del run.entries[key]
@@ -143,6 +143,7 @@ def suspend(run: PassState) -> None:
 def keep_finished(run: PassState) -> None:
     failed = cond.condition_true(run.conditions, events.COND_FAILED)
     if failed:
+        _not_ready_after_failure(run)
         run.remove_all_pods()
         for entry in run.entries.values():
             if (entry.role, entry.index) not in run.pods:
@@ -157,6 +158,16 @@ def keep_finished(run: PassState) -> None:
         # Kept (status.store is merged, not replaced): the store pod is gone with the finished job.
         store.reset(EntryState.FAILED if failed else EntryState.SUCCEEDED)
     _expire(run)
+
+
+def _not_ready_after_failure(run: PassState) -> None:
+    """A failed job is not Ready (`failures` says so when it fails; a job failed by an operator that did
+    not may still say Ready=True)."""
+    if cond.condition_true(run.conditions, events.COND_READY):
+        failed = next(c for c in run.conditions if c.get("type") == events.COND_FAILED)
+        run.condition(
+            events.COND_READY, False, str(failed.get("reason") or events.REASON_FINISHED), "the job failed"
+        )
 
 
 def _expire(run: PassState) -> None:

@@ -58,7 +58,7 @@ def run_store(run: PassState) -> None:
     if entry.state == EntryState.REPLACING:
         if pod is not None:
             failures.attribute_late_node_loss(run, entry, pod)
-            run.delete_pod(pod, force=run.problem(pod) is not None)
+            run.remove_pod(pod)
             return
         entry.reset()
         create_store(run)
@@ -69,7 +69,7 @@ def run_store(run: PassState) -> None:
             return
         if run.problem(pod) is not None:
             # Never seen running (not counted): removed, and created again on a later pass.
-            run.delete_pod(pod, force=True)
+            run.remove_pod(pod)
             return
     sync_entry_from_pod(entry, pod)
 
@@ -111,7 +111,7 @@ def _drive_replacing(run: PassState, entry: Entry, pod: PodState | None) -> None
         if until is not None:
             run.at(until)
         else:
-            run.delete_pod(pod, force=run.problem(pod) is not None)
+            run.remove_pod(pod)
         return
     if until is not None:
         run.at(until)
@@ -151,7 +151,7 @@ def _drive_creating(run: PassState, entry: Entry, pod: PodState | None) -> None:
         return
     if run.problem(pod) is not None:
         # Not yet counted (never seen running): remove it and create it again elsewhere.
-        run.delete_pod(pod, force=True)
+        run.remove_pod(pod)
         return
     if not pod.node_name and entry.node_name and not pod.deleting:
         if stale_pin(run, entry.index, entry.node_name):
@@ -305,7 +305,7 @@ def run_spare(run: PassState, index: int) -> None:
             failures.record_node_fault(run, pod.node_name, problem)
             run.event(events.WARNING, events.NODE_LOST, f"spare pod {pod.name}: {problem.message}")
         entry.reset()
-        run.delete_pod(pod, force=True)
+        run.remove_pod(pod)
         return
     if pod.phase == "Succeeded" and run.job.supervisor and not pod.disruption:
         # Its ranks were the world's (reserve ones, or active ones that took over a lost rank's

@@ -5,16 +5,21 @@ Read top to bottom, it is the operator's design (docs/architecture.md, "The oper
 1. A finished job keeps what it must and expires after its TTL; a suspended job gives up its pods.
 2. Otherwise: resume if it was suspended, drop what is beyond the spec, detect the workers lost
    since the last pass and count them against the budget (`failures`); a job out of budget fails.
+   Workers on a node that goes within minutes (a spot interruption notice) are moved (`moves`).
 3. Judge the spares' nodes, then drive the store pod (under Supervisor), every worker and spare
    toward a running pod (`placement`),
    unless the job's FSx file system is not allowed for its namespace (`filesystems`), the API
    server refused one of the job's children for this spec (`admission`) or too few nodes could
    ever hold a worker (`capacity`).
-4. Set Ready/Recovering/Succeeded (`lifecycle`; a recovery ends when training advances again,
-   `training`), judge whether training stalled (`training`), assert the base children before any new
-   pod, advise a checkpoint interval (`checkpoint_advice`), and write it all as the next status.
+4. Set Ready/Recovering/Succeeded (`lifecycle`; DrainWaiting for a job whose PodDisruptionBudget
+   holds a drain, `drains`; a recovery ends when training advances again,
+   `training`) and take an in-job restart rtj-launch timed as the last recovery (`training`), judge
+   whether training stalled (`training`) and whether the spec sets fields the training ignores
+   (`library`), assert the base children before any new pod, advise a checkpoint interval
+   (`checkpoint_advice`), and write it all as the next status.
 
-The trainers' progress reports are folded first, so that every policy sees this pass's step.
+The trainers' progress reports are folded first, so that every policy sees this pass's step. A worker
+whose command cannot start fails the job at once (`startup`, from `failures`).
 
 Pure: the caller (`rtj_operator.runtime.passes`) writes `Plan.status` first, then applies the actions.
 """
@@ -27,9 +32,12 @@ from rtj_operator.decide import (
     admission,
     capacity,
     checkpoint_advice,
+    drains,
     failures,
     filesystems,
+    library,
     lifecycle,
+    moves,
     placement,
     training,
 )
@@ -54,6 +62,8 @@ def reconcile(job: JobView, observed: Observed, now: datetime) -> Plan:
     else:
         _run_active(run)
     training.watch_stall(run)
+    drains.watch_drains(run)
+    library.watch_settings(run)
     lifecycle.ensure_base(run)
     return _plan(run)
 
@@ -64,6 +74,7 @@ def _run_active(run: PassState) -> None:
     losses = failures.detect_losses(run)
     if losses and not failures.handle_losses(run, losses):
         return  # out of budget: the job failed
+    moves.move_off_departing_nodes(run)
     failures.record_spare_faults(run)
     first_start = run.start_time is None
     placement.run_store(run)  # Supervisor only: the store pod before the pods that need it
@@ -75,6 +86,7 @@ def _run_active(run: PassState) -> None:
     admission.clear_refusal(run)
     lifecycle.mark_started(run, first_start)
     lifecycle.update_running_conditions(run)
+    training.note_launcher_restart(run)
 
 
 def _fold_progress(run: PassState) -> None:
@@ -93,6 +105,7 @@ def _fold_progress(run: PassState) -> None:
     run.restarts.in_job = folded.in_job_restarts
     run.progress = folded.progress
     run.last_checkpoint = folded.last_checkpoint
+    training.note_advance(run)
 
 
 def _advise_checkpoints(run: PassState) -> None:

@@ -16,10 +16,20 @@ from datetime import datetime
 from typing import Any
 
 from rtj_operator import constants, events
-from rtj_operator.api import EntryState
+from rtj_operator.api import ConditionStatus, EntryState
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import FORCE, GRACEFUL_DELETE_SECONDS, Action, DeletePod, Event
-from rtj_operator.observe import JobView, NodeProblem, Observed, PodState, node_health_problem, node_problem
+from rtj_operator.nodehealth import NodeHealth
+from rtj_operator.observe import (
+    JobView,
+    NodeProblem,
+    NodeState,
+    Observed,
+    PodState,
+    node_disruption,
+    node_health_problem,
+    node_problem,
+)
 from rtj_operator.progress import FoldedProgress
 
 WORKER, SPARE, STORE = constants.ROLE_WORKER, constants.ROLE_SPARE, constants.ROLE_STORE
@@ -40,26 +50,37 @@ class Entry:
     pod_name: str
     node_name: str = ""
     state: EntryState = EntryState.CREATING
+    # Consecutive pods of this worker that failed the same way (`last_start_failure`) before any
+    # training step (decide.startup); kept across the worker's pods.
+    start_failures: int = 0
+    last_start_failure: str = ""
 
     @classmethod
     def from_status(cls, raw: Mapping[str, Any]) -> Entry:
         state = str(raw.get("state") or "")
+        failures = raw.get("startFailures")
         return cls(
             role=str(raw.get("role")),
             index=int(raw["index"]),
             pod_name=str(raw.get("podName") or ""),
             node_name=str(raw.get("nodeName") or ""),
             state=EntryState(state) if state in set(EntryState) else EntryState.CREATING,
+            start_failures=failures if isinstance(failures, int) and failures > 0 else 0,
+            last_start_failure=str(raw.get("lastStartFailure") or ""),
         )
 
     def to_status(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "index": self.index,
             "role": self.role,
             "podName": self.pod_name,
             "nodeName": self.node_name,
             "state": self.state.value,
         }
+        if self.start_failures:
+            out["startFailures"] = self.start_failures
+            out["lastStartFailure"] = self.last_start_failure
+        return out
 
     def reset(self, state: EntryState = EntryState.CREATING) -> None:
         """Forget the node: a new pod is wanted (or none, when suspended)."""
@@ -187,6 +208,11 @@ def _dict_or_none(value: object) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _avoided_now(node: NodeState, health: NodeHealth) -> bool:
+    """Whether new pods are kept off the node for now: a health signal or a planned disruption."""
+    return node_health_problem(node, health) is not None or node_disruption(node) is not None
+
+
 @dataclass
 class PassState:
     """One pass over one job: the inputs, the status being rewritten, and the decisions so far."""
@@ -289,7 +315,7 @@ class PassState:
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append(Event(type_, reason, message))
 
-    def condition(self, type_: str, status: bool, reason: str, message: str) -> bool:
+    def condition(self, type_: str, status: bool | ConditionStatus, reason: str, message: str) -> bool:
         """Set a condition for this pass's generation; returns whether its status flipped."""
         return cond.set_condition(
             self.conditions,
@@ -327,10 +353,11 @@ class PassState:
         names = {e.node_name for e in self.excluded if e.node_name}
         if not_ready:
             names |= {n.name for n in self.observed.nodes.values() if n.ready != "True"}
-            # So are nodes that show a health signal now (a condition, label, taint, cordon): like
-            # NotReady, a passing state that must not bar a waiting spare once it clears.
+            # So are nodes that show a health signal (a condition, label, taint) or a planned
+            # disruption (a cordon, a maintenance taint) now: like NotReady, a passing state that
+            # must not bar a waiting spare once it clears.
             health = self.observed.health
-            names |= {n.name for n in self.observed.nodes.values() if node_health_problem(n, health)}
+            names |= {n.name for n in self.observed.nodes.values() if _avoided_now(n, health)}
         return sorted(names)
 
     def note_reported_faults(self) -> None:
@@ -368,13 +395,18 @@ class PassState:
             )
         self.actions.append(DeletePod(pod.name, pod.uid, FORCE if force else GRACEFUL_DELETE_SECONDS))
 
+    def remove_pod(self, pod: PodState) -> None:
+        """Delete a pod; force only where no kubelet will end it (`NodeProblem.kubelet_gone`)."""
+        problem = self.problem(pod)
+        self.delete_pod(pod, force=problem is not None and problem.kubelet_gone)
+
     def remove_all_pods(self, *, roles: Sequence[str] = (WORKER, SPARE, STORE)) -> None:
         """Delete the pods of `roles` (force on a dead node) and every stray pod; succeeded ones stay."""
         for (role, _), pod in sorted(self.pods.items()):
             if role in roles and pod.phase not in {"Succeeded"}:
-                self.delete_pod(pod, force=self.problem(pod) is not None)
+                self.remove_pod(pod)
         for pod in self.stray:
-            self.delete_pod(pod, force=self.problem(pod) is not None)
+            self.remove_pod(pod)
 
     # -- the status written back --
 

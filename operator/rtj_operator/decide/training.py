@@ -5,18 +5,35 @@ rendezvous or a restart that never reaches its first step all leave every pod Ru
 says whether training advances is the step the trainers report (`progress.fold_progress` records the
 current step and when it last rose: `status.progress.currentStep`, `lastAdvanceTime`).
 
+Where the step comes from (`status.progress.sources.step`): the rtj library's reports, or lines of a
+script's own output that `spec.progress.stepLogPattern` matched; neither (`NotReported`) for a script
+of one's own without a pattern. Steps are *reported* (`steps_reported`) when a worker's report gives
+them (even a pattern that has matched nothing yet) or the job reported a step before; they are
+*expected* (`steps_expected`) also when the spec declares a pattern or the job runs the library's own
+program (rtj-train), whose first report comes with its first step.
+
 - `watch_stall`: the `Stalled` condition. While every worker is ready, the job is stalled once its
   step has not advanced for `spec.progress.stallAfterSeconds`, counted from the later of the last
   advance and the moment the workers last all became ready (the Ready condition's transition), so
   that starting, and a restart the operator made, count only from when their workers are ready; a
   job with no step at all by then is stalled too. A stall is a Warning Event (`TrainingStalled`) once,
   and a Normal one (`TrainingResumed`) when the step advances again. Suspended, finished or not-ready
-  jobs are not stalled. Nothing is restarted: the condition tells people and alerts.
+  jobs are not stalled. A job whose steps are not expected cannot be judged: `Stalled=Unknown`
+  (`StepsNotReported`), its message saying how to get steps. Nothing is restarted: the condition
+  tells people and alerts.
 - `recovery_ended` / `end_recovery` / `await_progress`: a recovery (`Recovering`, set when the
   operator counts a fault) ends when every worker is ready AND the step has advanced in a pass that
-  sees them ready (by a report made after the fault), not when the pods are ready. A job whose
-  trainer has never reported progress has nothing else to go by: its recovery ends when every worker
-  is ready. The end is recorded in `status.lastRecovery` (fault time, resume time, duration).
+  sees them ready (by a report made after the fault), not when the pods are ready. A job that reports
+  no step ends it when every worker's report shows its ranks running, started at or after the
+  recovery began (`ranks_back`: the ranks' start is the resume time), once its workers report ranks
+  (`ranks_reported`). A job whose workers never reported anything has nothing else to go by: its
+  recovery ends when every worker is ready. The end is recorded in `status.lastRecovery` (fault time,
+  resume time, duration).
+- `note_advance`: a step, or a recovery that ended on the ranks, shows training got going: every
+  worker's series of failed starts ends (`decide.startup`).
+- `note_launcher_restart`: for a job whose restarts rtj-launch counts (no library), the newest in-job
+  restart it timed (from the ranks' fault to their next step or start) is `status.lastRecovery` too,
+  unless the operator is recovering the job or recorded a recovery that ended after that fault.
 
 Pure: the pass state in, conditions, Events and status out; time is the pass's `now`.
 """
@@ -27,9 +44,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rtj_operator import events
+from rtj_operator.api.status import ConditionStatus, RestartsSource
 from rtj_operator.decide import conditions as cond
-from rtj_operator.decide.state import PassState
-from rtj_operator.progress import format_time, parse_time
+from rtj_operator.decide import library, startup
+from rtj_operator.decide.state import WORKER, PassState
+from rtj_operator.progress import ProgressReport, RecoveryReport, format_time, parse_time
 
 
 def stall_deadline(
@@ -66,12 +85,9 @@ def _condition(run: PassState, type_: str) -> dict[str, Any] | None:
     return next((c for c in run.conditions if c.get("type") == type_), None)
 
 
-def _ready_since(run: PassState) -> datetime | None:
+def ready_since(run: PassState) -> datetime | None:
     """When every worker last became ready, if they all are now."""
-    ready = _condition(run, events.COND_READY)
-    if ready is None or ready.get("status") != "True":
-        return None
-    return parse_time(ready.get("lastTransitionTime")) or run.now
+    return cond.ready_since(run.conditions, run.now)
 
 
 def _current_step(run: PassState) -> int | None:
@@ -81,6 +97,56 @@ def _current_step(run: PassState) -> int | None:
 
 def _advanced(run: PassState) -> bool:
     return run.folded is not None and run.folded.advanced
+
+
+def _reports(run: PassState) -> list[ProgressReport]:
+    """The current pods' reports (workers', and the Supervisor spares' whose ranks may have taken over)."""
+    return [pod.report for _, pod in sorted(run.pods.items()) if pod.report is not None]
+
+
+def steps_reported(run: PassState) -> bool:
+    """Whether a worker reports the job's step (the library's, or a pattern's even before its first
+    match), or the job reported a step before."""
+    progress = run.progress or {}
+    return any(r.reports_steps for r in _reports(run)) or "currentStep" in progress or "step" in progress
+
+
+def steps_expected(run: PassState) -> bool:
+    """Whether the job's step is, or will be, known: reported, a pattern declared, or rtj-train."""
+    spec = run.job.model.spec
+    return (
+        steps_reported(run)
+        or spec.progress.step_log_pattern is not None
+        or library.runs_library_program(spec)
+    )
+
+
+def ranks_back(run: PassState, since: datetime | None) -> datetime | None:
+    """When the ranks of every worker were running again, started at or after `since` (the latest
+    start); None while a worker's report does not show that."""
+    starts = []
+    for index in range(run.job.nodes):
+        pod = run.pod(WORKER, index)
+        ranks = pod.report.ranks if pod is not None and pod.report is not None else None
+        if ranks is None or ranks.running <= 0 or ranks.start_time is None:
+            return None
+        if since is not None and ranks.start_time < since:
+            return None
+        starts.append(ranks.start_time)
+    return max(starts, default=None)
+
+
+def ranks_reported(run: PassState) -> bool:
+    """Whether the workers report their ranks: a report shows them, or the workers reported `sources`
+    before (rtj-launch's view of the ranks always comes with them), so a new pod's first report is
+    awaited rather than its readiness taken for training."""
+    return any(r.ranks is not None for r in _reports(run)) or "sources" in (run.progress or {})
+
+
+def note_advance(run: PassState) -> None:
+    """Training advanced this pass: the workers' earlier failed starts are history (`decide.startup`)."""
+    if _advanced(run):
+        startup.forget_start_failures(run)
 
 
 # -- Stalled --
@@ -94,17 +160,21 @@ def watch_stall(run: PassState) -> None:
     if run.job.suspend:
         _not_stalled(run, events.SUSPENDED, "the job is suspended")
         return
-    ready_since = _ready_since(run)
+    ready = ready_since(run)
     limit = run.job.model.spec.progress.stall_after_seconds
     last_advance = parse_time((run.progress or {}).get("lastAdvanceTime"))
-    deadline = stall_deadline(last_advance, ready_since, limit)
-    if ready_since is None or deadline is None:
+    deadline = stall_deadline(last_advance, ready, limit)
+    if ready is None or deadline is None:
         _not_stalled(run, events.REASON_WORKERS_NOT_READY, "not every worker is ready")
+        return
+    if not steps_expected(run):
+        message = _steps_not_reported_message(run)
+        run.condition(events.COND_STALLED, ConditionStatus.UNKNOWN, events.REASON_STEPS_NOT_REPORTED, message)
         return
     stalled = cond.condition_true(run.conditions, events.COND_STALLED)
     if run.now >= deadline:
         if not stalled:
-            message = _stall_message(run, last_advance, ready_since, limit)
+            message = _stall_message(run, last_advance, ready, limit)
             run.condition(events.COND_STALLED, True, events.REASON_NO_PROGRESS, message)
             run.event(events.WARNING, events.TRAINING_STALLED, message)
         return
@@ -122,6 +192,16 @@ def watch_stall(run: PassState) -> None:
 def _not_stalled(run: PassState, reason: str, message: str) -> None:
     """Stalled=False with why (an unchanged condition is not rewritten)."""
     run.condition(events.COND_STALLED, False, reason, message)
+
+
+def _steps_not_reported_message(run: PassState) -> str:
+    """Why a stall cannot be told, and how to get steps."""
+    said = "the workers report no training step" if _reports(run) else "no worker has reported progress yet"
+    return (
+        f"{said}, so a stall cannot be told: have the training script use the rtj library (as rtj-train "
+        "does), or set spec.progress.stepLogPattern to a regular expression that matches the step in the "
+        "lines the script prints"
+    )
 
 
 def _stall_message(run: PassState, last_advance: datetime | None, ready_since: datetime, limit: int) -> str:
@@ -145,11 +225,15 @@ def _stall_message(run: PassState, last_advance: datetime | None, ready_since: d
 def recovery_ended(run: PassState) -> bool:
     """Whether the recovery in progress (Recovering=True, every worker ready) has ended this pass."""
     recovering = _condition(run, events.COND_RECOVERING) or {}
+    started = parse_time(recovering.get("lastTransitionTime"))
+    reported = steps_reported(run)
+    if not reported and ranks_reported(run):
+        return ranks_back(run, started) is not None
     return recovery_resumed(
-        reports_progress=run.progress is not None,
+        reports_progress=reported,
         advanced=_advanced(run),
         advance_report_time=run.folded.advance_report_time if run.folded is not None else None,
-        recovery_start=parse_time(recovering.get("lastTransitionTime")),
+        recovery_start=started,
     )
 
 
@@ -159,19 +243,26 @@ def end_recovery(run: PassState) -> None:
     started = parse_time(recovering.get("lastTransitionTime"))
     nodes = run.job.nodes
     step = _current_step(run)
-    seconds = round((run.now - started).total_seconds(), 1) if started is not None else None
+    reported = steps_reported(run)
+    ranks_at = None if reported else ranks_back(run, started)
+    resumed = ranks_at or run.now
+    seconds = max(0.0, round((resumed - started).total_seconds(), 1)) if started is not None else None
     after = f" {seconds:.0f} s after the fault" if seconds is not None else ""
-    if run.progress is None:
+    if ranks_at is not None:
+        message = f"the ranks of all {nodes} workers are running again{after}"
+    elif not reported:
         message = f"all {nodes} workers are ready again{after}"
     else:
         message = f"training advanced to step {step}{after}; all {nodes} workers are ready"
     run.event(events.NORMAL, events.JOB_RECOVERED, message)
     run.condition(events.COND_RECOVERING, False, events.JOB_RECOVERED, message)
+    if ranks_at is not None:
+        startup.forget_start_failures(run)  # training got going (a step does so in `note_advance`)
     # Every field, None when unknown: status is a merge patch, where only null removes a field.
     run.last_recovery = {
         "reason": recovering.get("reason") or None,
         "faultTime": format_time(started) if started is not None else None,
-        "resumeTime": format_time(run.now),
+        "resumeTime": format_time(resumed),
         "durationSeconds": seconds,
         "step": step,
     }
@@ -181,8 +272,50 @@ def await_progress(run: PassState) -> None:
     """Every worker is ready but training has not advanced yet: Recovering stays, and says so."""
     recovering = _condition(run, events.COND_RECOVERING) or {}
     step = _current_step(run)
-    waiting = f"past step {step}" if step is not None else "to its first step"
-    message = f"all {run.job.nodes} workers are ready; waiting for training to advance {waiting}"
+    waiting = (
+        f"training to advance past step {step}"
+        if step is not None
+        else "training to advance to its first step"
+    )
+    if not steps_reported(run) and ranks_reported(run):
+        waiting = "the ranks of every worker to start again"
+    message = f"all {run.job.nodes} workers are ready; waiting for {waiting}"
     if recovering.get("message") != message:
         reason = str(recovering.get("reason") or events.REASON_RECOVERING)
         run.condition(events.COND_RECOVERING, True, reason, message)
+
+
+# -- in-job restarts rtj-launch timed --
+
+
+def note_launcher_restart(run: PassState) -> None:
+    """status.lastRecovery from the newest in-job restart rtj-launch timed, for a job whose restarts
+    rtj-launch counts; not while the operator recovers the job, nor one that faulted before the end
+    of the recovery recorded (the operator's recovery included the restarts it caused)."""
+    if cond.condition_true(run.conditions, events.COND_RECOVERING):
+        return
+    timed = [
+        r.last_recovery
+        for r in _reports(run)
+        if r.restarts_source is RestartsSource.LAUNCHER and r.last_recovery is not None
+    ]
+    newest = max((t for t in timed if t.kind == events.REASON_IN_JOB_RESTART), key=_resumed, default=None)
+    if newest is None or newest.fault_time is None:
+        return
+    recorded = parse_time((run.last_recovery or {}).get("resumeTime"))
+    if recorded is not None and newest.fault_time <= recorded:
+        return
+    seconds = newest.recovery_seconds
+    if seconds is None:
+        seconds = max(0.0, (newest.time - newest.fault_time).total_seconds())
+    run.last_recovery = {
+        "reason": events.REASON_IN_JOB_RESTART,
+        "faultTime": format_time(newest.fault_time),
+        "resumeTime": format_time(newest.time),
+        "durationSeconds": round(seconds, 1),
+        "step": newest.step,
+    }
+
+
+def _resumed(recovery: RecoveryReport) -> datetime:
+    return recovery.time

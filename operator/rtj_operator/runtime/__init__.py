@@ -6,6 +6,8 @@
 - `context`: the operator's state handed to every handler (kopf's memo).
 - `scrape`: reading the trainers' progress from their pods' progress endpoints (no API call).
 - `kube`: every API call the operator makes, and the RBAC they need (`REQUIRED_PERMISSIONS`).
+- `sight`, `leader`: whether the operator still sees the API server; leader election.
+- `quiet_logs`: one log line per failure class with a count, not one per retry.
 
 The layers import downward only: handlers -> passes -> context -> queue, kube, scrape.
 """

@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from rtj_operator import constants, metrics
+from rtj_operator import constants
 from rtj_operator.runtime import passes
 from rtj_operator.runtime.context import OperatorContext
 from rtj_operator.runtime.queue import JobKey
@@ -86,8 +86,6 @@ def configure(**kwargs: Any) -> None:
     # Serve the jobs' resource without watching CRDs and namespaces (no RBAC for them needed).
     settings.scanning.disabled = True
     settings.execution.max_workers = 8
-    if memo.metrics_port is not None and metrics.start_server(memo.metrics_port):
-        logger.info("metrics on :%d/metrics", memo.metrics_port)
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo:

@@ -132,6 +132,7 @@ async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str
         new_restarts=plan.status.get("restarts") or {},
         goodput_percent=(plan.status.get("progress") or {}).get("goodputPercent"),
         status=plan.status,
+        failures_allowed=view.policy.max_node_replacements,
     )
     if plan.requeue_after is not None:
         await ctx.queue.trigger(key, delay=plan.requeue_after)

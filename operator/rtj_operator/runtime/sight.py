@@ -29,6 +29,9 @@ from urllib.parse import urlsplit
 import aiohttp
 import aiohttp.web
 import kubernetes
+import urllib3
+
+from rtj_operator import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +83,21 @@ def is_credential_failure(error: BaseException) -> bool:
     return False
 
 
+def failure_class(error: BaseException) -> str:
+    """The class of a failed API call, as `rtj_api_errors_total` labels it: credentials (see
+    `is_credential_failure`), throttled (429), server (5xx), refused (another status), timeout or
+    connection (no answer)."""
+    if is_credential_failure(error):
+        return "credentials"
+    for current in _chain(error):
+        if isinstance(current, kubernetes.client.ApiException) and current.status:
+            status = int(current.status)
+            return "throttled" if status == 429 else "server" if status >= 500 else "refused"
+    if any(isinstance(c, TimeoutError | urllib3.exceptions.TimeoutError) for c in _chain(error)):
+        return "timeout"
+    return "connection"
+
+
 class ApiSight:
     """The last time the API server answered, and the run of credential failures since."""
 
@@ -108,6 +126,7 @@ class ApiSight:
         return 0.0 if self.last_watch_event is None else self._clock() - self.last_watch_event
 
     def failed(self, error: BaseException) -> None:
+        metrics.count_api_error(failure_class(error))
         with self._lock:
             self.last_failure = f"{type(error).__name__}: {error}"
             if is_credential_failure(error):
