@@ -40,6 +40,12 @@ HELM := $(BIN)/helm
 $(HELM): scripts/install-helm.sh | $(STAMP)
 	scripts/install-helm.sh $(HELM)
 
+# Prometheus and promtool (Debian's package, unpacked without root; see the script) for the tests of
+# the chart's alert rules and dashboard.
+PROMTOOL := $(BIN)/promtool
+$(PROMTOOL): scripts/install-prometheus.sh | $(STAMP)
+	scripts/install-prometheus.sh $(BIN)
+
 # The real Kubernetes control plane the local cluster runs (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl), built once from the Go modules pinned in
 # localcluster/controlplane/ into ~/.cache/rtj (see the script; KUBEBUILDER_ASSETS skips the build).
@@ -61,7 +67,7 @@ podnet: | $(STAMP)
 $(NVRX_0_7_OK): scripts/install-nvrx-0.7.0.sh scripts/nvrx-0.7.0-deps.txt scripts/nvrx-0.7.0-wheel.txt | $(STAMP)
 	scripts/install-nvrx-0.7.0.sh $(NVRX_0_7) $(BIN)/python
 
-setup: $(STAMP) $(CHECKOV) $(HELM) $(NVRX_0_7_OK) control-plane podnet
+setup: $(STAMP) $(CHECKOV) $(HELM) $(PROMTOOL) $(NVRX_0_7_OK) control-plane podnet
 
 demo: $(STAMP) control-plane podnet
 	$(BIN)/rtj demo
@@ -75,7 +81,7 @@ typecheck: $(STAMP)
 
 # Everything the tests need, and the static checks, made side by side: on a new machine the control
 # plane's Go build (CPU) overlaps pip's downloads (network), and ruff and mypy run once .venv is there.
-test-prerequisites: $(STAMP) $(CHECKOV) $(HELM) $(NVRX_0_7_OK) control-plane podnet lint typecheck
+test-prerequisites: $(STAMP) $(CHECKOV) $(HELM) $(PROMTOOL) $(NVRX_0_7_OK) control-plane podnet lint typecheck
 
 # The whole suite (the trainer tests on .venv's NVRx 0.4.1), then the trainer tests again on 0.7.0,
 # in PYTEST_WORKERS processes where it is set (each worker has its own shared local cluster).

@@ -1,4 +1,4 @@
-"""Both images' Dockerfiles pass hadolint and keep the conventions the chart relies on.
+"""The images' Dockerfiles pass hadolint and keep the conventions the chart relies on.
 
 No Docker engine is available to build them here, so these tests read the Dockerfiles: hadolint
 for the ecosystem's rules, and a small parser for what the chart and the operator assume (a
@@ -21,8 +21,9 @@ from packaging.utils import canonicalize_name
 DOCKERFILES = {
     "operator": REPO / "Dockerfile",
     "trainer": REPO / "trainer_image" / "Dockerfile",
+    "runtime": REPO / "trainer_image" / "Dockerfile.runtime",
 }
-ENTRYPOINTS = {"operator": ["rtj-operator"], "trainer": ["rtj-launch"]}
+ENTRYPOINTS = {"operator": ["rtj-operator"], "trainer": ["rtj-launch"], "runtime": ["rtj-launch"]}
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -216,10 +217,20 @@ def test_operator_imports_nothing_beyond_what_its_image_installs() -> None:
 
 
 def test_trainer_imports_nothing_beyond_what_its_image_installs() -> None:
-    """The trainer image adds the wheel (no dependencies) and NVRx to NGC PyTorch (torch, psutil)."""
+    """The trainer image adds the wheel (no dependencies), NVRx and prometheus-client to NGC PyTorch
+    (torch, psutil)."""
     allowed = {canonicalize_name("resilient-training-operator")}
-    for distribution in ("torch", "nvidia-resiliency-ext", "psutil"):
+    for distribution in ("torch", "nvidia-resiliency-ext", "psutil", "prometheus-client"):
         allowed |= _runtime_closure(distribution)
-    imported = _import_in_image(allowed, "rtj_trainer.launch", "rtj_trainer.train")
+    imported = _import_in_image(allowed, "rtj_trainer.runtime.launch", "rtj_trainer.reference.train")
     assert {"torch", "rtj_trainer"} <= imported
     assert not imported & {"kopf", "rtj_operator", "rtj_localcluster"}
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.runtime"])
+def test_trainer_images_pin_prometheus_client_as_the_project_does(dockerfile: str) -> None:
+    """The pod runtime writes the trainer's metrics with prometheus-client: both images that carry
+    the runtime install the release pyproject.toml pins (the runtime copy takes it along)."""
+    pinned = re.findall(r'"prometheus-client==([^"]+)"', (REPO / "pyproject.toml").read_text())
+    installed = re.findall(r'"prometheus-client==([^"]+)"', (REPO / "trainer_image" / dockerfile).read_text())
+    assert len(pinned) == 1 and installed == pinned

@@ -319,7 +319,9 @@ def test_every_rule_of_the_charts_rbac_is_used_and_nothing_is_refused(
         message="worker 1 replaced on another node",
     )
     assert replaced["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
-    assert get_json(kubeconfig, "pdb", "train-workers", "-n", team)["spec"]["maxUnavailable"] == 1
+    assert (
+        get_json(kubeconfig, "pdb", "train-workers", "-n", team)["spec"]["minAvailable"] == 1
+    )  # 2 nodes - 1
     # Succeeded, then deleted by its TTL with its claim (retentionPolicy Delete).
     wait_for(lambda: not get_json(kubeconfig, "rtj", "train", "-n", team), timeout=600, interval=2,
              message="the job to succeed and expire")  # fmt: skip
