@@ -62,11 +62,15 @@ class Pki:
             _issue(self.ca, pair, _name(common_name, organizations), client=True)
         return pair
 
-    def serving(self, name: str, ip_addresses: tuple[str, ...] = ("127.0.0.1",)) -> CertPair:
-        """A serving certificate for loopback (the kubelets' HTTPS endpoints), issued once."""
+    def serving(
+        self, name: str, ip_addresses: tuple[str, ...] = ("127.0.0.1",), dns_names: tuple[str, ...] = ()
+    ) -> CertPair:
+        """A serving certificate for loopback and ``dns_names`` (the kubelets' HTTPS endpoints, the
+        Metrics API's), issued once."""
         pair = CertPair(self.directory / f"{name}.crt", self.directory / f"{name}.key")
         if not (pair.cert.exists() and pair.key.exists()):
-            _issue(self.ca, pair, _name(name), ip_addresses=ip_addresses, dns_names=("localhost",))
+            names = ("localhost", *dns_names)
+            _issue(self.ca, pair, _name(name), ip_addresses=ip_addresses, dns_names=names)
         return pair
 
 

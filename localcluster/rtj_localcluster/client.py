@@ -44,6 +44,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "persistentvolumes": ("/api/v1", False),
     "leases": ("/apis/coordination.k8s.io/v1", True),
     "storageclasses": ("/apis/storage.k8s.io/v1", False),
+    "apiservices": ("/apis/apiregistration.k8s.io/v1", False),
 }
 
 

@@ -31,6 +31,7 @@ from .controlplane import ControlPlane, ControlPlaneSettings, stop_marked_proces
 from .dns import HostsFileWriter
 from .kubelet import MARK_POD, Kubelet, KubeletConfig, signal_marked
 from .marks import signal_matching
+from .metrics_api import SERVING_DNS_NAME, MetricsApiServer, serve_metrics_api
 from .nodes import PROFILES, Degradation, node_object
 from .podnet import IpAllocator, library
 from .volumes import Provisioner, default_storage_class
@@ -270,6 +271,14 @@ class LocalCluster:
         )
         for _ in range(self.settings.nodes):
             await self._add_node(None, self.settings.profile, self.settings.gpu_taint)
+        metrics = MetricsApiServer(
+            self._client,
+            informers["nodes"],
+            informers["pods"],
+            self._control_plane.pki_serving("metrics-server", dns_names=(SERVING_DNS_NAME,)),
+            self._control_plane.ca_path,
+        )
+        self._spawn(serve_metrics_api(metrics), "metrics-api")
         await self._wait_nodes_ready(list(self._kubelets))
         await self._wait_default_service_account()
 

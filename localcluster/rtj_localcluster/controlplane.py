@@ -145,10 +145,11 @@ class ControlPlane:
         """The API server's audit log, one JSON event per line (only with ``audit_log``)."""
         return self.logs / "audit.log"
 
-    def pki_serving(self, name: str) -> CertPair:
-        """A serving certificate for loopback from the cluster's CA (the kubelets' endpoints)."""
+    def pki_serving(self, name: str, dns_names: tuple[str, ...] = ()) -> CertPair:
+        """A serving certificate for loopback (and ``dns_names``) from the cluster's CA (the
+        kubelets' endpoints, the Metrics API)."""
         assert self.pki is not None
-        return self.pki.serving(name)
+        return self.pki.serving(name, dns_names=dns_names)
 
     # -- lifecycle -----------------------------------------------------------------------------
 

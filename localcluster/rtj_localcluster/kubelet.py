@@ -41,7 +41,7 @@ from typing import Any
 
 from . import identity
 from .certs import CertPair
-from .client import ApiError, Informer, KubeClient, now_micro, now_rfc3339, path_for
+from .client import ApiError, Informer, KubeClient, now_micro, now_rfc3339, parse_time, path_for
 from .logserver import LogServer
 from .marks import signal_matching
 from .nodes import NODE_LEASE_NAMESPACE, Degradation, NodeProfile, node_status, ready_condition
@@ -57,9 +57,15 @@ from .podenv import (
     rewrite_path,
 )
 from .podnet import OWNER_ENV, IpAllocator, container_env, library, taken_ports
+from .resource_metrics import MachineScan, ResourceEndpoint, RunningContainer
 from .streaming import AttachTarget, ExecTarget, StreamingEndpoints, StreamingError
 
 log = logging.getLogger(__name__)
+
+
+def _epoch(rfc3339: str | None) -> float:
+    parsed = parse_time(rfc3339)
+    return parsed.timestamp() if parsed is not None else 0.0
 
 
 def host_file_of_the_image(path: str, rewritten: str) -> bool:
@@ -74,6 +80,8 @@ MARK_CONTAINER = "RTJ_LOCAL_CONTAINER"
 MARK_NODE = "RTJ_LOCAL_NODE"
 HOSTS_FILE_ENV = "RTJ_LOCAL_HOSTS_FILE"
 SITE_DIR = Path(__file__).parent / "podsite"
+# The machine's marked processes, scanned once for all the process's kubelets' resource endpoints.
+MARKED_PROCESSES = MachineScan((MARK_NODE, MARK_POD, MARK_CONTAINER))
 # Host variables a pod must not inherit: they would point it at the host's cluster or test run.
 _HOST_ENV_DROPPED = ("KUBECONFIG", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "RTJ_TEST_KUBECONFIG")
 
@@ -905,7 +913,9 @@ class Kubelet:
         self._background: set[asyncio.Task[Any]] = set()
         self._sweeps: set[asyncio.Task[int]] = set()
         self.streaming = StreamingEndpoints(self.exec_target, self.attach_target, self.pod_ip_of)
-        self.log_server = LogServer(self.locate_log, serving.cert, serving.key, self.streaming.routes())
+        resources = ResourceEndpoint(name, self.running_containers, MARKED_PROCESSES)
+        routes = [*self.streaming.routes(), resources.route()]
+        self.log_server = LogServer(self.locate_log, serving.cert, serving.key, routes)
         pods.subscribe(self._wake.set)
 
     async def register(self) -> None:
@@ -1130,6 +1140,16 @@ class Kubelet:
 
     def _still_writing(self, runtime: ContainerRuntime) -> bool:
         return runtime.running and not self.dead
+
+    def running_containers(self) -> list[RunningContainer]:
+        """The containers running now, for the resource metrics endpoint."""
+        return [
+            RunningContainer(w.namespace, w.name, w.uid, c.name, _epoch(c.started_at))
+            for w in self.workers.values()
+            if not w.finished and not self.dead
+            for c in w.containers
+            if c.running
+        ]
 
     def find_worker(self, namespace: str, name: str) -> PodWorker | None:
         for worker in self.workers.values():
