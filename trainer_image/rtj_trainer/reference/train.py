@@ -529,24 +529,27 @@ class Trainer:
                 "SIGTERM" if self.drain.requested else "a peer's SIGTERM",
                 step,
             )
-        blocking = 0.0
+        # Atomic to the exit: a peer whose drain ended first is a terminated rank to the in-process
+        # wrapper, which would interrupt this drain (an in-process restart in the middle of closing,
+        # then a process that never exits) if it could.
         with call_wrapper.atomic() if call_wrapper is not None else contextlib.nullcontext():
+            blocking = 0.0
             last = self.ckpt.last_committed
             if last is None or last.step != step:
                 blocking = self._save(step, loss_value)
-        committed = self.ckpt.wait_committed(step, timeout=self.args.commit_timeout)
-        self.ckpt.poll()
-        self._update_progress(step, step_seconds, blocking, loss_value)
-        if committed:
-            self.drain.record_committed_step(step)
-        self.reporter.report(self.progress, force=True)
-        if self.local_rank == 0:
-            print(f"rtj-drain: rank={self.rank} step={step} committed={committed}", flush=True)
-        self.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Past the wrapper on purpose: an exception would be an in-process restart, not an exit.
-        os._exit(self.drain.exit_code)
+            committed = self.ckpt.wait_committed(step, timeout=self.args.commit_timeout)
+            self.ckpt.poll()
+            self._update_progress(step, step_seconds, blocking, loss_value)
+            if committed:
+                self.drain.record_committed_step(step)
+            self.reporter.report(self.progress, force=True)
+            if self.local_rank == 0:
+                print(f"rtj-drain: rank={self.rank} step={step} committed={committed}", flush=True)
+            self.close()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Past the wrapper on purpose: an exception would be an in-process restart, not an exit.
+            os._exit(self.drain.exit_code)
 
     def _finish(self, steps: int) -> None:
         """Commit the final checkpoint, then report the run finished."""
