@@ -50,6 +50,14 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+async def listen_on_loopback(runner: web.AppRunner, context: ssl.SSLContext) -> int:
+    """Serve ``runner``'s app with HTTPS on a free loopback port; returns the port."""
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    return int(runner.addresses[0][1])
+
+
 class LogServer:
     """One node's log endpoint; ``start`` returns the port it listens on."""
 
@@ -66,10 +74,7 @@ class LogServer:
         self.port = 0
 
     async def start(self) -> int:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._ssl)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        self.port = await listen_on_loopback(self._runner, self._ssl)
         return self.port
 
     async def stop(self) -> None:

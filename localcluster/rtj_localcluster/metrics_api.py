@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from . import resource_metrics as rm
 from .certs import CertPair
 from .client import ApiError, Informer, KubeClient, path_for
+from .logserver import listen_on_loopback
 
 log = logging.getLogger(__name__)
 
@@ -228,10 +229,7 @@ class MetricsApiServer:
         self.port = 0
 
     async def start(self) -> int:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._ssl)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        self.port = await listen_on_loopback(self._runner, self._ssl)
         return self.port
 
     async def close(self) -> None:
