@@ -323,6 +323,7 @@ def supervise(
     marker: Path,
     *,
     started: Callable[[Sequence[subprocess.Popen[bytes]]], None] | None = None,
+    received: list[int] | None = None,
 ) -> int:
     """Run ``argv`` (ft_launcher) as a child; on SIGTERM mark the drain first, then forward it.
 
@@ -333,7 +334,7 @@ def supervise(
     """
     from rtj_trainer.runtime.supervisor import supervise_ranks
 
-    return supervise_ranks(argv, [env], marker, preexec=_die_with_parent, started=started)
+    return supervise_ranks(argv, [env], marker, preexec=_die_with_parent, started=started, received=received)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -533,12 +534,13 @@ def launch_supervised(env: TrainerEnv, command: list[str], child_env: dict[str, 
     child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     child_env.setdefault("TMPDIR", tempfile.gettempdir())
     marker = Path(child_env["TMPDIR"]) / f"rtj-drain-{os.getpid()}"
+    received = supervisor.record_signals()
     with progress_endpoint(env, child_env) as endpoint:
         envs = supervisor.rank_environments(env, child_env, address)
         log.info("run %d ranks of %s (slot %d)", len(envs), " ".join(command), env.slot)
         sys.stdout.flush()
         sys.stderr.flush()
-        code = supervisor.supervise_ranks(command, envs, marker, preexec=_die_with_parent)
+        code = supervisor.supervise_ranks(command, envs, marker, preexec=_die_with_parent, received=received)
         if code == 0 and endpoint is not None and not endpoint.wait_delivered(env.progress_linger_seconds):
             log.warning("final progress report not read within %.0f s", env.progress_linger_seconds)
     return code
@@ -563,6 +565,9 @@ def run_launcher(
     """Run `argv` (ft_launcher, or the command in direct mode) under :func:`supervise` while the
     endpoint serves the report (with `history`'s launcher view); returns its exit status."""
     marker = Path(child_env["TMPDIR"]) / f"rtj-drain-{os.getpid()}"
+    from rtj_trainer.runtime.supervisor import record_signals
+
+    received = record_signals()  # before the endpoint: the pod may be deleted already
     with progress_endpoint(env, child_env, history) as endpoint:
         log.info("run %s", " ".join(argv))
         sys.stdout.flush()
@@ -570,7 +575,7 @@ def run_launcher(
         if history is not None:
             history.start(library_report=Path(child_env[PROGRESS_FILE_ENV]))
         try:
-            code = supervise(argv, child_env, marker, started=started)
+            code = supervise(argv, child_env, marker, started=started, received=received)
         finally:
             if history is not None:
                 history.finish()

@@ -141,6 +141,19 @@ def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def record_signals() -> list[int]:
+    """SIGTERM and SIGINT from now on recorded in the list returned, for :func:`supervise_ranks` to
+    act on: a pod may be deleted while rtj-launch still starts its endpoint, before its children."""
+    received: list[int] = []
+
+    def record(signum: int, _frame: object) -> None:
+        received.append(signum)
+
+    signal.signal(signal.SIGTERM, record)
+    signal.signal(signal.SIGINT, record)
+    return received
+
+
 def supervise_ranks(
     command: Sequence[str],
     envs: Sequence[dict[str, str]],
@@ -148,12 +161,14 @@ def supervise_ranks(
     *,
     preexec: Callable[[], None] | None = None,
     started: Callable[[Sequence[subprocess.Popen[bytes]]], None] | None = None,
+    received: list[int] | None = None,
 ) -> int:
     """Run one process per environment, each in its own session; forward SIGTERM (after marking
-    the drain) to all of them, also one that came before they existed; wait for all; return the
-    pod's status (``pod_status``), or the drain's when a SIGTERM ended a failing run. `started`
-    is told the processes once they run (rtj-launch stops ft_launcher on a start-up failure)."""
-    received: list[int] = []
+    the drain) to all of them, also one that came before they existed (`received`: from
+    :func:`record_signals`); wait for all; return the pod's status (``pod_status``), or the drain's
+    when a SIGTERM ended a failing run. `started` is told the processes once they run (rtj-launch
+    stops ft_launcher on a start-up failure)."""
+    received = received if received is not None else []
     children: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -170,6 +185,8 @@ def supervise_ranks(
         marker.unlink()
     with contextlib.suppress(FileNotFoundError):
         drain.step_file(marker).unlink()
+    if signal.SIGTERM in received:  # a drain that came before the children: they start drained
+        marker.touch()
     for rank_env in envs:
         children.append(
             subprocess.Popen(list(command), env={**rank_env, drain.DRAIN_FILE_ENV: str(marker)},
