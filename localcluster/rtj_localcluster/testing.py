@@ -5,7 +5,9 @@ Registered for the whole suite by ``tests/conftest.py``. Fixtures:
 - ``local_cluster``: a fresh ``LocalCluster`` per test (2 ``p5.48xlarge`` nodes, node-monitor grace
   4 s, heartbeat 0.5 s), for tests that inject faults. Change its settings with the marker
   ``@pytest.mark.local_cluster(nodes=3, profile="cpu", node_monitor_grace_seconds=3)`` (any field
-  of ``LocalClusterSettings``). Skipped, with the reason, when ``RTJ_TEST_KUBECONFIG`` is set.
+  of ``LocalClusterSettings``). Skipped, with the reason, when ``RTJ_TEST_KUBECONFIG`` is set. The
+  cluster is started while the test before it runs, and stopped while the test after it runs
+  (``cluster_pool``); a cluster serves one test only.
 - ``shared_local_cluster``: one ``LocalCluster`` for the session, for tests that only use the API
   and the kubelet and leave the nodes alone.
 - ``kubeconfig``: the path of a kubeconfig: ``RTJ_TEST_KUBECONFIG`` when set (a real cluster), else
@@ -37,6 +39,7 @@ from . import podnet
 from .binaries import program
 from .client import SyncKubeClient, path_for
 from .cluster import LocalCluster, LocalClusterSettings
+from .cluster_pool import ClusterPool
 
 T = TypeVar("T")
 
@@ -46,6 +49,14 @@ DEFAULT_TEST_SETTINGS: dict[str, Any] = {
     "node_monitor_grace_seconds": 4.0,
     "heartbeat_interval_seconds": 0.5,
 }
+
+
+_POOL = pytest.StashKey[ClusterPool[LocalCluster]]()
+WARM_AHEAD = 3
+"""How many tests ahead of the one running the pool looks for fault tests to start clusters for."""
+MAX_WARM = 3
+"""At most this many clusters started or starting for the tests to come (the running one's included):
+a short fault test (3 s) can be over before a cluster has started (10 s)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -120,20 +131,62 @@ def create_namespace(
     return name
 
 
+def local_cluster_settings(item: pytest.Item) -> dict[str, Any]:
+    """The settings of `item`'s ``local_cluster``: the defaults and its marker's."""
+    marker = item.get_closest_marker("local_cluster")
+    return {**DEFAULT_TEST_SETTINGS, **(marker.kwargs if marker else {})}
+
+
+@pytest.fixture(scope="session")
+def local_cluster_pool(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[ClusterPool[LocalCluster]]:
+    pool = ClusterPool(
+        lambda settings: LocalCluster(
+            LocalClusterSettings(state_dir=tmp_path_factory.mktemp("cluster"), **settings)
+        )
+    )
+    pytestconfig.stash[_POOL] = pool
+    try:
+        yield pool
+    finally:
+        del pytestconfig.stash[_POOL]
+        pool.close()
+
+
 @pytest.fixture
-def local_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalCluster]:
+def local_cluster(
+    request: pytest.FixtureRequest, local_cluster_pool: ClusterPool[LocalCluster]
+) -> Iterator[LocalCluster]:
     if os.environ.get(REAL_CLUSTER_ENV):
         pytest.skip(
             f"needs the embedded local cluster for fault injection ({REAL_CLUSTER_ENV} names a real cluster)"
         )
-    marker = request.node.get_closest_marker("local_cluster")
-    settings = {**DEFAULT_TEST_SETTINGS, **(marker.kwargs if marker else {})}
-    cluster = LocalCluster(LocalClusterSettings(state_dir=tmp_path / "cluster", **settings))
-    cluster.start()
+    cluster = local_cluster_pool.take(local_cluster_settings(request.node))
     try:
         yield cluster
     finally:
-        cluster.stop()
+        local_cluster_pool.give_back(cluster)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before `item` is set up, have clusters warming for the tests about to take one: `item` and
+    those of the next few tests (nothing while no fault test has made the pool yet)."""
+    pool = item.config.stash.get(_POOL, None)
+    if pool is None or os.environ.get(REAL_CLUSTER_ENV):
+        return
+    upcoming = [i for i in _upcoming(item) if "local_cluster" in getattr(i, "fixturenames", ())]
+    pool.want([local_cluster_settings(i) for i in upcoming[:MAX_WARM]])
+
+
+def _upcoming(item: pytest.Item) -> list[pytest.Item]:
+    """`item` and the tests after it, as far as this process runs them in the session's order (a
+    pytest-xdist worker gets its tests one batch at a time: only `item` itself is known there)."""
+    if hasattr(item.config, "workerinput"):
+        return [item]
+    items = item.session.items
+    index = items.index(item) if item in items else len(items)
+    return items[index : index + WARM_AHEAD + 1]
 
 
 @pytest.fixture(scope="session")
