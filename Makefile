@@ -83,13 +83,14 @@ typecheck: $(STAMP)
 # plane's Go build (CPU) overlaps pip's downloads (network), and ruff and mypy run once .venv is there.
 test-prerequisites: $(STAMP) $(CHECKOV) $(HELM) $(PROMTOOL) $(NVRX_0_7_OK) control-plane podnet lint typecheck
 
-# The whole suite (the trainer tests on .venv's NVRx 0.4.1), then the trainer tests again on 0.7.0,
-# in PYTEST_WORKERS processes where it is set (each worker has its own shared local cluster).
+# The whole suite (the trainer tests on .venv's NVRx 0.4.1), then the trainer tests again on 0.7.0
+# but those marked nvrx_independent (torch and gloo only: tests/trainer/conftest.py bars NVRx from
+# them), in PYTEST_WORKERS processes where it is set (each worker has its own shared local cluster).
 test:
 	$(MAKE) --no-print-directory -j4 --output-sync=target test-prerequisites
 	$(BIN)/pytest $(call xdist,$(PYTEST_WORKERS)) $(PYTEST_ARGS)
 	RTJ_TEST_NVRX_VERSION=0.7.0 PYTHONPATH=$(abspath $(NVRX_0_7))$${PYTHONPATH:+:$$PYTHONPATH} \
-		$(BIN)/pytest $(call xdist,$(PYTEST_WORKERS)) tests/trainer
+		$(BIN)/pytest $(call xdist,$(PYTEST_WORKERS)) -m "not nvrx_independent" tests/trainer
 
 # The tests that start no cluster and no training process (not marked slow).
 unit: $(STAMP)

@@ -3,12 +3,15 @@
 `make test` runs tests/trainer twice: on the NVRx 0.4.1 installed in .venv, and on 0.7.0 (the
 trainer image's) found first on PYTHONPATH (scripts/install-nvrx-0.7.0.sh), with
 RTJ_TEST_NVRX_VERSION=0.7.0 naming the release that run expects. Every process the tests start
-(ft_launcher, its workers, the checkpoint writers) inherits the path.
+(ft_launcher, its workers, the checkpoint writers) inherits the path. Tests marked
+`nvrx_independent` (torch and gloo only) run once, on 0.4.1: NVRx is barred from them.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 from importlib import metadata
 
 import pytest
@@ -38,3 +41,31 @@ def expected_nvrx_release() -> str:
             " is its directory on PYTHONPATH?"
         )
     return _installed()
+
+
+NVRX = "nvidia_resiliency_ext"
+
+
+@pytest.fixture(autouse=True)
+def nvrx_barred_where_independent(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A test marked `nvrx_independent` runs once, not again on 0.7.0: it must load nothing of NVRx.
+    The processes it starts find a stand-in first on their path whose import fails, and it fails
+    itself when NVRx modules were loaded into this process while it ran."""
+    if request.node.get_closest_marker("nvrx_independent") is None:
+        yield
+        return
+    barrier = tmp_path_factory.mktemp("no-nvrx")
+    (barrier / NVRX).mkdir()
+    (barrier / NVRX / "__init__.py").write_text(
+        f"raise ImportError('{request.node.nodeid} is marked nvrx_independent, yet it imports NVRx')\n"
+    )
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(barrier), os.environ.get("PYTHONPATH")]))
+    )
+    monkeypatch.syspath_prepend(str(barrier))  # multiprocessing's spawned children take this path
+    before = {name for name in sys.modules if name.startswith(NVRX)}
+    yield
+    loaded = sorted(name for name in sys.modules if name.startswith(NVRX) and name not in before)
+    assert not loaded, f"marked nvrx_independent, yet it loaded {loaded}"

@@ -217,3 +217,33 @@ def test_no_import_cycles() -> None:
     # that edge ends there and closes no cycle.
     graph = {name: {i for i in _own_imports(name) if i in MODULES and i != name} for name in MODULES}
     assert_no_import_cycles(graph)
+
+
+# The trainer tests that NVRx's release cannot change (marked `nvrx_independent`: `make test` runs
+# them on .venv's NVRx only, not again on 0.7.0) import nothing of NVRx and name none of the programs
+# that run it; tests/trainer/conftest.py bars NVRx from them and from the processes they start.
+NVRX = "nvidia_resiliency_ext"
+NVRX_PROGRAMS = ("rtj-launch", "rtj-train", "ft_launcher", "torchrun", "rtj_trainer.runtime", NVRX)
+TESTS = Path(__file__).resolve().parent
+
+
+def _is_marked_nvrx_independent(tree: ast.Module) -> bool:
+    marks = [
+        node for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "nvrx_independent"
+    ]
+    return bool(marks)
+
+
+def _nvrx_independent_test_modules() -> list[Path]:
+    marked = [p for p in sorted(TESTS.glob("test_*.py")) if _is_marked_nvrx_independent(parse_module(p))]
+    assert marked, "no trainer test is marked nvrx_independent: the 0.7.0 run repeats every one"
+    return marked
+
+
+@pytest.mark.parametrize("path", _nvrx_independent_test_modules(), ids=lambda p: p.name)
+def test_a_test_marked_nvrx_independent_imports_and_starts_no_nvrx(path: Path) -> None:
+    tree = parse_module(path)
+    assert not [n for n in _imports(tree) if n.startswith(NVRX)], f"{path.name} imports NVRx"
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    named = sorted({p for p in NVRX_PROGRAMS for s in strings if p in s})
+    assert not named, f"{path.name} names {named}, which run NVRx"
