@@ -52,11 +52,14 @@ DEFAULT_TEST_SETTINGS: dict[str, Any] = {
 
 
 _POOL = pytest.StashKey[ClusterPool[LocalCluster]]()
-WARM_AHEAD = 3
-"""How many tests ahead of the one running the pool looks for fault tests to start clusters for."""
-MAX_WARM = 3
-"""At most this many clusters started or starting for the tests to come (the running one's included):
-a short fault test (3 s) can be over before a cluster has started (10 s)."""
+WARM_CLUSTERS_ENV = "RTJ_TEST_WARM_CLUSTERS"
+"""How many fault tests ahead of the running one get their cluster started early (default 1; 0: none).
+Each warm cluster idles at about 0.14 of a core (its control plane) until its test takes it, so more
+than one ahead took longer on 2 cores than the starts it hid."""
+
+
+def warm_clusters() -> int:
+    return int(os.environ.get(WARM_CLUSTERS_ENV, "1"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -171,12 +174,12 @@ def local_cluster(
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before `item` is set up, have clusters warming for the tests about to take one: `item` and
-    those of the next few tests (nothing while no fault test has made the pool yet)."""
+    the next `warm_clusters()` tests (nothing while no fault test has made the pool yet)."""
     pool = item.config.stash.get(_POOL, None)
     if pool is None or os.environ.get(REAL_CLUSTER_ENV):
         return
     upcoming = [i for i in _upcoming(item) if "local_cluster" in getattr(i, "fixturenames", ())]
-    pool.want([local_cluster_settings(i) for i in upcoming[:MAX_WARM]])
+    pool.want([local_cluster_settings(i) for i in upcoming])
 
 
 def _upcoming(item: pytest.Item) -> list[pytest.Item]:
@@ -186,7 +189,7 @@ def _upcoming(item: pytest.Item) -> list[pytest.Item]:
         return [item]
     items = item.session.items
     index = items.index(item) if item in items else len(items)
-    return items[index : index + WARM_AHEAD + 1]
+    return items[index : index + warm_clusters() + 1]
 
 
 @pytest.fixture(scope="session")
