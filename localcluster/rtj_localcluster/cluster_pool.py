@@ -3,8 +3,8 @@
 A fault test gets a cluster of its own (the ``local_cluster`` fixture), and starting one takes about
 10 s on 2 cores, most of it waiting (the controller manager starts its controllers one by one before
 the nodes lose their not-ready taint). The pool starts the clusters of the next tests in threads while
-the tests before them run, and stops a used cluster in a thread while the next test runs, so a suite of 36
-fault tests no longer waits 36 times. A cluster is only ever used by one test: nothing of a broken
+the tests before them run, and stops a used cluster in a thread while the next test runs, so a suite
+of 36 fault tests no longer waits 36 times. A cluster is only ever used by one test: nothing of a broken
 node carries over.
 """
 
@@ -40,14 +40,14 @@ class _Warming(Generic[C]):
     """One cluster starting in a thread; ``result()`` waits for it and raises what its start raised."""
 
     def __init__(self, cluster: C) -> None:
-        self.cluster = cluster
+        self._cluster = cluster
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._start, name="rtj-cluster-warm-up", daemon=True)
         self._thread.start()
 
     def _start(self) -> None:
         try:
-            self.cluster.start()
+            self._cluster.start()
         except BaseException as error:  # handed to the test that takes the cluster
             self._error = error
 
@@ -55,7 +55,7 @@ class _Warming(Generic[C]):
         self._thread.join()
         if self._error is not None:
             raise self._error
-        return self.cluster
+        return self._cluster
 
 
 class ClusterPool(Generic[C]):
@@ -73,29 +73,22 @@ class ClusterPool(Generic[C]):
         one, in order); a warm cluster no upcoming test wants is stopped (its test was deselected,
         or failed before taking it)."""
         with self._lock:
-            spare = list(self._warm)
+            spare = self._warm
             kept: list[tuple[SettingsKey, _Warming[C]]] = []
             for settings in upcoming:
                 key = settings_key(settings)
-                found = next((entry for entry in spare if entry[0] == key), None)
-                if found is not None:
-                    spare.remove(found)
-                    kept.append(found)
-                else:
-                    kept.append((key, _Warming(self._new_cluster(settings))))
+                warming = _pop(spare, key) or _Warming(self._new_cluster(settings))
+                kept.append((key, warming))
             self._warm = kept
         for _, warming in spare:
             self._stop_later(warming)
 
     def take(self, settings: Mapping[str, Any]) -> C:
         """A started cluster with `settings`: a warm one if there is one, else one started now."""
-        key = settings_key(settings)
         with self._lock:
-            found = next((entry for entry in self._warm if entry[0] == key), None)
-            if found is not None:
-                self._warm.remove(found)
-        if found is not None:
-            return found[1].result()
+            warming = _pop(self._warm, settings_key(settings))
+        if warming is not None:
+            return warming.result()
         cluster = self._new_cluster(settings)
         cluster.start()
         return cluster
@@ -117,11 +110,11 @@ class ClusterPool(Generic[C]):
     def _stop_later(self, warming: _Warming[C]) -> None:
         def stop() -> None:
             try:
-                warming.result()
+                cluster = warming.result()
             except BaseException as error:  # start() stopped what it had started before raising
                 log.warning("an unused warm cluster did not start: %s", error)
                 return
-            warming.cluster.stop()
+            cluster.stop()
 
         self._stop_in_thread(stop)
 
@@ -129,3 +122,12 @@ class ClusterPool(Generic[C]):
         thread = threading.Thread(target=stop, name="rtj-cluster-stop", daemon=True)
         thread.start()
         self._stopping = [t for t in self._stopping if t.is_alive()] + [thread]
+
+
+def _pop(entries: list[tuple[SettingsKey, _Warming[C]]], key: SettingsKey) -> _Warming[C] | None:
+    """Remove and return the first of `entries` warming with settings `key` (None: there is none)."""
+    for index, (entry_key, warming) in enumerate(entries):
+        if entry_key == key:
+            del entries[index]
+            return warming
+    return None

@@ -53,7 +53,8 @@ DEFAULT_TEST_SETTINGS: dict[str, Any] = {
 
 _POOL = pytest.StashKey[ClusterPool[LocalCluster]]()
 WARM_CLUSTERS_ENV = "RTJ_TEST_WARM_CLUSTERS"
-"""How many fault tests ahead of the running one get their cluster started early (default 1; 0: none).
+"""How many tests ahead of the running one the pool looks for fault tests whose cluster it starts
+early (default 1; 0: none).
 Each warm cluster idles at about 0.14 of a core (its control plane) until its test takes it, so more
 than one ahead took longer on 2 cores than the starts it hid."""
 
@@ -188,7 +189,10 @@ def _upcoming(item: pytest.Item) -> list[pytest.Item]:
     if hasattr(item.config, "workerinput"):
         return [item]
     items = item.session.items
-    index = items.index(item) if item in items else len(items)
+    try:
+        index = items.index(item)
+    except ValueError:  # not one of the session's collected items
+        return [item]
     return items[index : index + warm_clusters() + 1]
 
 

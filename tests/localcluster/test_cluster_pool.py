@@ -15,7 +15,6 @@ class FakeCluster:
     """Records its start and stop; a start waits until the test lets it finish."""
 
     def __init__(self, settings: Mapping[str, Any], events: list[str], gate: threading.Event) -> None:
-        self.name = f"{settings['nodes']}-{len(events)}"
         self.settings = dict(settings)
         self.events = events
         self.gate = gate
@@ -45,7 +44,7 @@ def gate() -> threading.Event:
 
 
 @pytest.fixture
-def made(events: list[str], gate: threading.Event) -> list[FakeCluster]:
+def made() -> list[FakeCluster]:
     return []
 
 

@@ -228,10 +228,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 def _is_marked_nvrx_independent(tree: ast.Module) -> bool:
-    marks = [
-        node for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "nvrx_independent"
-    ]
-    return bool(marks)
+    return any(isinstance(node, ast.Attribute) and node.attr == "nvrx_independent" for node in ast.walk(tree))
 
 
 def _nvrx_independent_test_modules() -> list[Path]:
