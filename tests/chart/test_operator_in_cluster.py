@@ -1,11 +1,10 @@
 """The chart's operator as users run it: `helm install` into the local cluster's real control plane
 makes a Deployment whose pod runs the operator under its own ServiceAccount and the chart's RBAC, in a
-namespace that enforces Pod Security `restricted`. It trains examples/local-cpu.yaml to the end
-(`kubectl logs` of a worker works; the running worker's Prometheus metrics are scraped as a PodMonitor
-would; the operator, a pod itself, reads the workers' progress endpoints into status), and a rule taken
-out of its ClusterRole makes it fail loudly. A real Prometheus configured from the chart's
-ServiceMonitor, PodMonitor and PrometheusRule (tests/chart/prometheus_support.py) scrapes the operator
-pod and a trainer, and fires the stall alert for a job whose worker stops advancing.
+namespace that enforces Pod Security `restricted`, and a rule taken out of its ClusterRole makes it
+fail loudly (the chart's operator training a job is test_operator_rbac_audit.py's scenario). A real
+Prometheus configured from the chart's ServiceMonitor, PodMonitor and PrometheusRule
+(tests/chart/prometheus_support.py) scrapes the operator pod and a trainer, and fires the stall alert
+for a job whose worker stops advancing.
 
 The local kubelet runs the operator image as the `rtj-operator` program of this checkout's
 environment, with the service-account token the API server issued for the pod.
@@ -14,7 +13,6 @@ environment, with the service-account token the API server issued for the pod.
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,19 +22,17 @@ import helm_python as helm
 import pytest
 import yaml
 from chart_support import CHART, one, render
-from prometheus_client.parser import text_string_to_metric_families
+from installed_support import RELEASE, get_json, operator_pod
 from prometheus_support import Prometheus, pod_monitor_jobs, service_monitor_jobs
 from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import create_namespace, kubectl, wait_for
-from rtj_operator import constants
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.local_cluster(nodes=2, profile="cpu", node_monitor_grace_seconds=5),
 ]
 REPO = Path(__file__).resolve().parents[2]
-RELEASE = "rtj"
 FULLNAME = f"{RELEASE}-resilient-training-operator"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 # A worker that trains three steps, then hangs with its pod Ready (no torch: rtj-launch runs it
@@ -65,45 +61,6 @@ class Installed:
     team: str
 
 
-def get_json(kubeconfig: Path, *args: str) -> dict[str, Any]:
-    out = kubectl(kubeconfig, "get", *args, "-o", "json", check=False)
-    loaded: dict[str, Any] = json.loads(out) if out.strip() else {}
-    return loaded
-
-
-def operator_pod(installed: Installed) -> dict[str, Any] | None:
-    listing = get_json(
-        installed.kubeconfig, "pods", "-n", installed.namespace, "-l", f"app.kubernetes.io/instance={RELEASE}"
-    )
-    running = [
-        p
-        for p in listing.get("items") or []
-        if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-    ]
-    return running[0] if running else None
-
-
-def trainer_step(kubeconfig: Path, namespace: str, pod_name: str) -> float | None:
-    """The `rtj_trainer_step` a worker pod serves at /metrics on its progress port (a PodMonitor's
-    scrape), parsed by prometheus_client's parser; None until it serves one above 0."""
-    pod = get_json(kubeconfig, "pod", pod_name, "-n", namespace)
-    ip = pod.get("status", {}).get("podIP")
-    if not ip:
-        return None
-    try:
-        with urllib.request.urlopen(f"http://{ip}:{constants.PROGRESS_PORT}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return None
-    steps = [
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "rtj_trainer_step"
-    ]
-    return steps[0] if steps and steps[0] > 0 else None
-
-
 @pytest.fixture
 def installed(local_cluster: LocalCluster, tmp_path: Path) -> Iterator[Installed]:
     kubeconfig = local_cluster.kubeconfig_path
@@ -126,11 +83,17 @@ def installed(local_cluster: LocalCluster, tmp_path: Path) -> Iterator[Installed
         config.close()
 
 
-def test_operator_pod_runs_under_the_charts_rbac_and_trains_the_local_example(
-    installed: Installed, tmp_path: Path
+def test_operator_pod_runs_as_the_charts_serviceaccount_under_pod_security_restricted(
+    installed: Installed,
 ) -> None:
+    # Training under the chart's operator (kubectl logs of a worker, its metrics scraped, its progress
+    # read into status, nothing refused) is test_operator_rbac_audit.py's scenario.
     kubeconfig, namespace, team = installed.kubeconfig, installed.namespace, installed.team
-    pod = wait_for(lambda: operator_pod(installed), timeout=120, message="the operator's pod to run")
+    pod = wait_for(
+        lambda: operator_pod(installed.kubeconfig, installed.namespace),
+        timeout=120,
+        message="the operator's pod to run",
+    )
     # Admitted under Pod Security `restricted`, as the chart's ServiceAccount.
     assert pod["spec"]["serviceAccountName"] == FULLNAME
     account = f"system:serviceaccount:{namespace}:{FULLNAME}"
@@ -141,35 +104,16 @@ def test_operator_pod_runs_under_the_charts_rbac_and_trains_the_local_example(
         kubeconfig, "auth", "can-i", "create", "secrets", "-n", team, f"--as={account}", check=False
     )
     assert denied.strip() == "no"
-
-    job = yaml.safe_load((REPO / "examples" / "local-cpu.yaml").read_text())
-    job["metadata"]["namespace"] = team
-    job["spec"]["args"] = ["--steps", "40", "--hidden", "64", "--layers", "2"]
-    manifest = tmp_path / "job.yaml"
-    manifest.write_text(yaml.safe_dump(job))
-    kubectl(kubeconfig, "apply", "-f", str(manifest))
-
-    worker = f"{job['metadata']['name']}-worker-0"
-    wait_for(
-        lambda: kubectl(kubeconfig, "logs", worker, "-n", team, check=False).strip(),
-        timeout=180,
-        message="the worker's log through kubectl logs",
+    # It logged in with the token the API server issued for its pod.
+    log = wait_for(
+        lambda: (
+            (text := kubectl(kubeconfig, "logs", pod["metadata"]["name"], "-n", namespace, check=False))
+            and "Initial authentication has finished" in text
+            and text
+        ),
+        timeout=60,
+        message="the operator to log in",
     )
-    step = wait_for(lambda: trainer_step(kubeconfig, team, worker), timeout=240, message="trainer metrics")
-    assert 0 < step <= 40
-
-    def state() -> str:
-        return str(
-            get_json(kubeconfig, "rtj", job["metadata"]["name"], "-n", team).get("status", {}).get("state")
-        )
-
-    wait_for(lambda: state() == "Succeeded", timeout=420, interval=1, message="the job to succeed")
-    status = get_json(kubeconfig, "rtj", job["metadata"]["name"], "-n", team)["status"]
-    assert status["progress"]["step"] == 40
-    # The operator's own log, read through kubectl logs too: it logged in with its token and was
-    # never refused anything along the way.
-    log = kubectl(kubeconfig, "logs", pod["metadata"]["name"], "-n", namespace)
-    assert "Initial authentication has finished" in log
     assert "forbidden" not in log.lower(), log
 
 
@@ -223,7 +167,7 @@ def test_a_real_prometheus_scrapes_operator_and_trainer_through_the_charts_monit
     installed: Installed, tmp_path: Path
 ) -> None:
     kubeconfig, namespace, team = installed.kubeconfig, installed.namespace, installed.team
-    wait_for(lambda: operator_pod(installed), timeout=120, message="the operator's pod to run")
+    wait_for(lambda: operator_pod(kubeconfig, namespace), timeout=120, message="the operator's pod")
     manifest = tmp_path / "job.yaml"
     manifest.write_text(yaml.safe_dump(_stalled_job(team)))
     kubectl(kubeconfig, "apply", "-f", str(manifest))
@@ -256,7 +200,7 @@ def test_a_real_prometheus_scrapes_operator_and_trainer_through_the_charts_monit
 
 def test_a_rule_removed_from_the_clusterrole_fails_loudly(installed: Installed, tmp_path: Path) -> None:
     kubeconfig, namespace, team = installed.kubeconfig, installed.namespace, installed.team
-    pod = wait_for(lambda: operator_pod(installed), timeout=120, message="the operator's pod to run")
+    pod = wait_for(lambda: operator_pod(kubeconfig, namespace), timeout=120, message="the operator's pod")
     role = get_json(kubeconfig, "clusterrole", FULLNAME)
     kept = [rule for rule in role["rules"] if "services" not in rule.get("resources", [])]
     assert len(kept) == len(role["rules"]) - 1

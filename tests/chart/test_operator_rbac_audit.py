@@ -6,8 +6,9 @@ on and one FSx file system allowed for the training namespace, which enforces Po
 scenario: a job naming a file system not allowed there (Blocked, no PersistentVolume), a job naming
 the allowed one (its PersistentVolume, deleted with the job), a gang-admitted job (its coscheduling
 PodGroup), and a real training job with a PodDisruptionBudget whose worker's node dies (node
-excluded and tainted, worker replaced on another node), which then succeeds and is deleted by its
-TTL with its checkpoint claim. Then every (API group, resource, verb) the chart grants was used by
+excluded and tainted, worker replaced on another node; a worker's log read with `kubectl logs` and its
+metrics scraped as a PodMonitor would), which then succeeds and is deleted by its TTL with its
+checkpoint claim. Then every (API group, resource, verb) the chart grants was used by
 the operator's identity, and none of its requests was refused.
 """
 
@@ -23,6 +24,7 @@ import helm_python as helm
 import pytest
 import yaml
 from chart_support import CHART
+from installed_support import RELEASE, get_json, operator_pod, trainer_step
 from rtj_localcluster.binaries import program
 from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.ports import reserve_port
@@ -34,7 +36,6 @@ pytestmark = [
     pytest.mark.local_cluster(nodes=4, profile="cpu", node_monitor_grace_seconds=5, audit_log=True),
 ]
 REPO = Path(__file__).resolve().parents[2]
-RELEASE = "rtj"
 FULLNAME = f"{RELEASE}-resilient-training-operator"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 BASELINE = {"pod-security.kubernetes.io/enforce": "baseline"}
@@ -42,12 +43,6 @@ FS_ALLOWED = "fs-0123456789abcdef0"
 FS_OTHER = "fs-0fedcba9876543210"
 
 Permission = tuple[str, str, str]
-
-
-def get_json(kubeconfig: Path, *args: str) -> dict[str, Any]:
-    out = kubectl(kubeconfig, "get", *args, "-o", "json", check=False)
-    loaded: dict[str, Any] = json.loads(out) if out.strip() else {}
-    return loaded
 
 
 def apply(kubeconfig: Path, body: dict[str, Any], tmp_path: Path) -> None:
@@ -300,6 +295,12 @@ def test_every_rule_of_the_charts_rbac_is_used_and_nothing_is_refused(
         return int((status.get("progress") or {}).get("step") or 0)
 
     wait_for(lambda: step() >= 3, timeout=300, interval=1, message="training to make progress")
+    # A worker's log reads through kubectl logs, and its Prometheus metrics as a PodMonitor scrapes them.
+    assert kubectl(kubeconfig, "logs", "train-worker-0", "-n", team).strip()
+    scraped = wait_for(
+        lambda: trainer_step(kubeconfig, team, "train-worker-0"), timeout=120, message="trainer metrics"
+    )
+    assert 0 < scraped <= 60
     lost = get_json(kubeconfig, "pod", "train-worker-1", "-n", team)["spec"]["nodeName"]
     cluster.kill_node(lost)
 
@@ -327,6 +328,13 @@ def test_every_rule_of_the_charts_rbac_is_used_and_nothing_is_refused(
              message="the job to succeed and expire")  # fmt: skip
     wait_for(lambda: not get_json(kubeconfig, "pvc", "train-checkpoints", "-n", team), timeout=60,
              message="the claim deleted")  # fmt: skip
+
+    # The operator's own log: it logged in with its pod's token and was never refused anything.
+    operator = operator_pod(kubeconfig, namespace)
+    assert operator is not None
+    log = kubectl(kubeconfig, "logs", operator["metadata"]["name"], "-n", namespace)
+    assert "Initial authentication has finished" in log
+    assert "forbidden" not in log.lower(), log
 
     path = cluster.control_plane.audit_log_path if cluster.control_plane else None
     assert path is not None and path.exists()

@@ -125,15 +125,17 @@ def test_back_off_allowance_doubles_per_failure_up_to_the_cap() -> None:
 def test_kubernetes_only_run_is_recovered_by_the_job_controller(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A short job, an exception and a lost node, no operator: the Job controller recreates the
-    pods, the lost Node is deleted and pod GC frees its pod, and the figures are computed."""
+    """A short job and a lost node, no operator: the Job controller recreates the pods (the survivor's
+    failed too: its peer is gone), the lost Node is deleted and pod GC frees its pod, and the figures
+    are computed. One fault: what a second costs under the Job controller's back-off is a figure
+    `rtj bench goodput --modes kubernetes-only` measures (docs/benchmarks.md), not a behaviour."""
     run_id = uuid.uuid4().hex
     monkeypatch.setenv(processes.RUN_TAG, run_id)
     mode = bench.MODES["kubernetes-only"]
-    plan = [PlannedFault("exception", 15, rank=1), PlannedFault("node-loss", 35)]
+    plan = [PlannedFault("node-loss", 15)]
     settings = JobSettings(
         name="konly",
-        steps=45,
+        steps=25,
         checkpoint_interval=10,
         checkpoint_mode=mode.checkpoint_mode,
         in_process=mode.in_process,
@@ -174,14 +176,14 @@ def test_kubernetes_only_run_is_recovered_by_the_job_controller(
     # The lost node's Node object was deleted (as the cloud node lifecycle controller does).
     assert len(nodes_before - nodes_after) == 1
     report = result.timeline.report()
-    assert [f.kind for f in report.faults] == ["exception", "node-loss"]
+    assert [f.kind for f in report.faults] == ["node-loss"]
     for fault in report.faults:
         assert fault.recovered_by == LAYER_JOB_CONTROLLER, fault
         assert fault.recovery_seconds is not None and fault.recovery_seconds > 0
         assert fault.steps_lost is not None
     assert report.final_step == settings.steps
     row = bench.summary_row(mode, result, report, plan)
-    assert [f["recovered_by"] for f in row["faults"]] == [LAYER_JOB_CONTROLLER] * 2
+    assert [f["recovered_by"] for f in row["faults"]] == [LAYER_JOB_CONTROLLER]
     assert 0 < row["goodput_from_submission"] < row["goodput_from_first_step"] <= 1
     assert row["startup_seconds"] > 0 and row["seconds_per_fault"] > 0
     table = bench.goodput_table([row], plan)

@@ -1,5 +1,5 @@
-"""Two ft_launcher "nodes" x 2 processes on loopback train a real FSDP model, and each injected fault
-is recovered by the layer meant for it, resuming at the right step."""
+"""Two ft_launcher "nodes" x 2 processes on loopback train a real FSDP model to convergence and a final
+checkpoint, and each injected fault is recovered by the layer meant for it, resuming at the right step."""
 
 from __future__ import annotations
 
@@ -22,22 +22,6 @@ def _epoch(rfc3339: str) -> float:
 RESUME = re.compile(r"rank (\d+): iteration (\d+) resumes at step (\d+) from (\w+) \(pid (\d+)\)")
 
 
-def test_two_nodes_train_converge_and_commit_the_final_checkpoint(tmp_path: Path) -> None:
-    # No fault is injected here, so a generous heartbeat timeout keeps a loaded machine's slow step
-    # (the checkpoint writer's start, a busy neighbour) from passing for a hang.
-    run = run_two_nodes(tmp_path, steps=40, heartbeat_timeout=30)
-    assert run.returncodes == [0, 0], run.logs
-    for node in (0, 1):
-        reports = run.node(node)
-        assert reports[-1]["finished"] is True and reports[-1]["step"] == 40
-        first_loss = reports[0]["loss"]
-        assert reports[-1]["loss"] < 0.5 * first_loss < math.log(64)
-        assert reports[-1]["restarts"] == {"inProcess": 0, "inJob": 0}, (reports[-1], run.logs[node][-4000:])
-        assert reports[-1]["lastCheckpoint"]["step"] == 40
-    final = checkpoint.newest_complete(tmp_path / "checkpoints", 4)
-    assert final is not None and final.step == 40
-
-
 def _commit_times(root: Path) -> dict[int, float]:
     return {
         info.step: info.time
@@ -46,7 +30,12 @@ def _commit_times(root: Path) -> dict[int, float]:
     }
 
 
-def test_each_fault_is_recovered_by_its_layer(tmp_path: Path) -> None:
+def test_each_fault_is_recovered_by_its_layer_and_training_converges_to_a_final_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # One run for both: the three faults' recoveries, and that the training they interrupt still
+    # converges and commits its final checkpoint (no run without faults on top: the restart counts
+    # below are exact, so a spurious restart fails here as well).
     run = run_two_nodes(
         tmp_path,
         steps=55,
@@ -70,6 +59,9 @@ def test_each_fault_is_recovered_by_its_layer(tmp_path: Path) -> None:
     for node in (0, 1):
         final = run.final(node)
         assert final["finished"] is True and final["step"] == 55
+        first_loss = run.node(node)[0]["loss"]
+        assert final["loss"] < 0.5 * first_loss < math.log(64)
+        assert final["lastCheckpoint"]["step"] == 55
         events = final["events"]
         assert [(e["kind"], e["step"] + e["stepsLost"]) for e in events] == [
             ("InProcessRestart", 12),
@@ -93,6 +85,8 @@ def test_each_fault_is_recovered_by_its_layer(tmp_path: Path) -> None:
         wall = _epoch(final["time"]) - _epoch(final["trainStartTime"])
         recovering = sum(e["recoverySeconds"] for e in events)
         assert 0 < final["usefulStepSeconds"] < wall - recovering / 2
+    newest = checkpoint.newest_complete(tmp_path / "checkpoints", 4)
+    assert newest is not None and newest.step == 55
     # One log line per recovery and node.
     assert logs.count("rtj-recovery: kind=InProcessRestart") == 2
     assert logs.count("rtj-recovery: kind=InJobRestart") == 4
