@@ -1,8 +1,8 @@
 """Fresh local clusters for the tests that break nodes, started before they are needed.
 
 A fault test gets a cluster of its own (the ``local_cluster`` fixture), and starting one takes about
-10 s on 2 cores, most of it waiting (the controller manager starts its controllers one by one before
-the nodes lose their not-ready taint). The pool starts the clusters of the next tests in threads while
+5 s on 2 cores (etcd, the API server's start-up hooks, the controller manager, then the nodes' not-ready
+taint lifted). The pool starts the clusters of the next tests in threads while
 the tests before them run, and stops a used cluster in a thread while the next test runs, so a suite
 of 36 fault tests no longer waits 36 times. A cluster is only ever used by one test: nothing of a broken
 node carries over.
