@@ -61,6 +61,16 @@ class Installed:
     team: str
 
 
+def running_operator_pod(installed: Installed) -> dict[str, Any]:
+    """The release's operator pod, once it runs."""
+    pod: dict[str, Any] = wait_for(
+        lambda: operator_pod(installed.kubeconfig, installed.namespace),
+        timeout=120,
+        message="the operator's pod to run",
+    )
+    return pod
+
+
 @pytest.fixture
 def installed(local_cluster: LocalCluster, tmp_path: Path) -> Iterator[Installed]:
     kubeconfig = local_cluster.kubeconfig_path
@@ -89,11 +99,7 @@ def test_operator_pod_runs_as_the_charts_serviceaccount_under_pod_security_restr
     # Training under the chart's operator (kubectl logs of a worker, its metrics scraped, its progress
     # read into status, nothing refused) is test_operator_rbac_audit.py's scenario.
     kubeconfig, namespace, team = installed.kubeconfig, installed.namespace, installed.team
-    pod = wait_for(
-        lambda: operator_pod(installed.kubeconfig, installed.namespace),
-        timeout=120,
-        message="the operator's pod to run",
-    )
+    pod = running_operator_pod(installed)
     # Admitted under Pod Security `restricted`, as the chart's ServiceAccount.
     assert pod["spec"]["serviceAccountName"] == FULLNAME
     account = f"system:serviceaccount:{namespace}:{FULLNAME}"
@@ -104,17 +110,13 @@ def test_operator_pod_runs_as_the_charts_serviceaccount_under_pod_security_restr
         kubeconfig, "auth", "can-i", "create", "secrets", "-n", team, f"--as={account}", check=False
     )
     assert denied.strip() == "no"
+
     # It logged in with the token the API server issued for its pod.
-    log = wait_for(
-        lambda: (
-            (text := kubectl(kubeconfig, "logs", pod["metadata"]["name"], "-n", namespace, check=False))
-            and "Initial authentication has finished" in text
-            and text
-        ),
-        timeout=60,
-        message="the operator to log in",
-    )
-    assert "forbidden" not in log.lower(), log
+    def log() -> str:
+        return kubectl(kubeconfig, "logs", pod["metadata"]["name"], "-n", namespace, check=False)
+
+    wait_for(lambda: "Initial authentication has finished" in log(), timeout=60, message="its login")
+    assert "forbidden" not in log().lower(), log()
 
 
 def _monitoring(installed: Installed, workdir: Path) -> Prometheus:
@@ -167,7 +169,7 @@ def test_a_real_prometheus_scrapes_operator_and_trainer_through_the_charts_monit
     installed: Installed, tmp_path: Path
 ) -> None:
     kubeconfig, namespace, team = installed.kubeconfig, installed.namespace, installed.team
-    wait_for(lambda: operator_pod(kubeconfig, namespace), timeout=120, message="the operator's pod")
+    running_operator_pod(installed)
     manifest = tmp_path / "job.yaml"
     manifest.write_text(yaml.safe_dump(_stalled_job(team)))
     kubectl(kubeconfig, "apply", "-f", str(manifest))
@@ -200,7 +202,7 @@ def test_a_real_prometheus_scrapes_operator_and_trainer_through_the_charts_monit
 
 def test_a_rule_removed_from_the_clusterrole_fails_loudly(installed: Installed, tmp_path: Path) -> None:
     kubeconfig, namespace, team = installed.kubeconfig, installed.namespace, installed.team
-    pod = wait_for(lambda: operator_pod(kubeconfig, namespace), timeout=120, message="the operator's pod")
+    pod = running_operator_pod(installed)
     role = get_json(kubeconfig, "clusterrole", FULLNAME)
     kept = [rule for rule in role["rules"] if "services" not in rule.get("resources", [])]
     assert len(kept) == len(role["rules"]) - 1
