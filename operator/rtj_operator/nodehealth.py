@@ -7,7 +7,11 @@ the node's allocatable GPUs/EFA adapters; the trainer also reports faults it bla
 `NodeHealth` says which of these the operator acts on; `observe.node_problem` judges a node by it.
 
 A cordon and the maintenance tools' taints are no health signal: they are planned disruptions
-(`rtj_operator.disruptions`), never a fault.
+(`rtj_operator.disruptions`), never a fault. The settings add a site's own planned-disruption signals
+to that built-in list: taints and labels that say a node is being taken out on purpose
+(`disruptionTaints`, `disruptionLabels`: nothing moves, no new worker goes there), and those that say
+it goes within minutes whatever the job does (`noticeTaints`, `noticeLabels`: a spot interruption
+notice a site's own handler shows as a label; the node's workers are moved at once).
 
 Every signal has a name (the condition type, the label value, the taint key,
 `InsufficientAllocatable`, `TrainerReportedFaults`); it is the reason recorded in
@@ -22,11 +26,13 @@ docs/operations.md ("Node health signals") lists every signal and its default.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from rtj_operator import disruptions
 from rtj_operator.validation import format_validation_error
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -109,8 +115,55 @@ class NodeHealth(BaseModel):
         default=DEFAULT_PERMANENT, description="signals that exclude the node for the job at once"
     )
 
+    disruption_taints: tuple[Name, ...] = Field(
+        default=(),
+        description="taint keys (any effect) that mark a planned disruption, beyond the built-in list "
+        "(rtj_operator.disruptions): nothing moves, no new worker is placed there, no fault",
+    )
+    disruption_labels: dict[Name, tuple[Name, ...]] = Field(
+        default_factory=dict,
+        description="label key -> the values (empty: any value) that mark a planned disruption",
+    )
+    notice_taints: tuple[Name, ...] = Field(
+        default=(),
+        description="taint keys that say the node goes within minutes, beyond the termination "
+        "handler's spot-itn: its workers are moved at once (checkpoint at SIGTERM), no fault",
+    )
+    notice_labels: dict[Name, tuple[Name, ...]] = Field(
+        default_factory=dict,
+        description="label key -> the values (empty: any value) that say the node goes within minutes "
+        "(a spot interruption notice shown as a label): its workers are moved at once, no fault",
+    )
+
     def is_permanent(self, signal: str) -> bool:
         return signal in self.permanent
+
+    def planned_taint(self, keys: Iterable[str]) -> str | None:
+        """The first of a node's taint keys that marks a planned disruption (built-in or configured)."""
+        planned = disruptions.NODE_TAINTS.union(self.disruption_taints, self.notice_taints)
+        return next((key for key in keys if key in planned), None)
+
+    def notice_taint(self, keys: Iterable[str]) -> str | None:
+        """The first of a node's taint keys that says the node goes within minutes."""
+        notices = disruptions.MOVING_TAINTS.union(self.notice_taints)
+        return next((key for key in keys if key in notices), None)
+
+    def planned_label(self, labels: Mapping[str, str]) -> str | None:
+        """`key=value` of the first node label that marks a planned disruption (a notice included)."""
+        return matching_label(labels, self.disruption_labels) or self.notice_label(labels)
+
+    def notice_label(self, labels: Mapping[str, str]) -> str | None:
+        """`key=value` of the first node label that says the node goes within minutes."""
+        return matching_label(labels, self.notice_labels)
+
+
+def matching_label(labels: Mapping[str, str], wanted: Mapping[str, tuple[str, ...]]) -> str | None:
+    """`key=value` of the first label (by key) in `wanted` whose value it lists (any, for an empty list)."""
+    for key, values in sorted(wanted.items()):
+        value = labels.get(key)
+        if value is not None and (not values or value in values):
+            return f"{key}={value}"
+    return None
 
 
 class NodeHealthError(ValueError):

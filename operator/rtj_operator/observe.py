@@ -423,10 +423,11 @@ def node_problem(  # noqa: PLR0913 - the health settings and the pod are keyword
             ), None
         recheck = since + grace
 
+    signals = health or NodeHealth()
     for taint in node.taints:
         # A maintenance taint with NoExecute is a planned disruption: the taint manager's eviction of
         # the pod says so (decide.failures), the node is no problem.
-        if taint.effect != "NoExecute" or taint.key in disruptions.NODE_TAINTS:
+        if taint.effect != "NoExecute" or signals.planned_taint([taint.key]) is not None:
             continue
         problem, when = _taint_problem(node, taint, tolerations, now, grace)
         if problem is not None:
@@ -462,23 +463,33 @@ def node_health_problem(node: NodeState, health: NodeHealth) -> NodeProblem | No
             return _signal(health, kind, f"{message} ({detail})" if detail else message)
     for key, values in sorted(health.labels.items()):
         value = node.labels.get(key)
-        if value is not None and (not values or value in values):
+        if value is None or (values and value not in values):
+            continue
+        # A planned disruption's label is never a fault, even if the settings list it as one too.
+        if health.planned_label({key: value}) is None:
             return _signal(health, value if values else key, f"node {node.name} has the label {key}={value}")
     for taint in node.taints:
         # A planned disruption's taint is never a fault, even if the settings list it.
-        if taint.key in health.taints and taint.key not in disruptions.NODE_TAINTS:
+        if taint.key in health.taints and health.planned_taint([taint.key]) is None:
             text = f"node {node.name} has the taint {taint.key}:{taint.effect}"
             return _signal(health, taint.key, text)
     return None
 
 
-def node_disruption(node: NodeState) -> str | None:
-    """The planned disruption the node shows (`disruptions.NODE_SIGNALS`): a maintenance taint's key,
-    `Cordoned`, or None. Not a problem: the node's pods stay, new ones go elsewhere."""
-    taint = next((t.key for t in node.taints if t.key in disruptions.NODE_TAINTS), None)
-    if taint is not None:
-        return taint
+def node_disruption(node: NodeState, health: NodeHealth) -> str | None:
+    """The planned disruption the node shows (`disruptions.NODE_SIGNALS` and the settings' own): a
+    maintenance taint's key, a label's `key=value`, `Cordoned`, or None. Not a problem: the node's pods
+    stay, new ones go elsewhere."""
+    found = health.planned_taint(t.key for t in node.taints) or health.planned_label(node.labels)
+    if found is not None:
+        return found
     return disruptions.CORDONED if node.unschedulable else None
+
+
+def node_departure(node: NodeState, health: NodeHealth) -> str | None:
+    """The signal that says the node goes within minutes whatever the job does (a spot interruption
+    notice: the termination handler's taint, or the settings' notice taints and labels), or None."""
+    return health.notice_taint(t.key for t in node.taints) or health.notice_label(node.labels)
 
 
 def _allocatable_problem(node: NodeState, health: NodeHealth, pod: PodState) -> NodeProblem | None:

@@ -258,6 +258,7 @@ def test_node_patch_is_granted_only_when_tainting_is_enabled() -> None:
         ({"nodeHealth": {"conditions": {"KernelDeadlock": "Yes"}}}, "/nodeHealth/conditions/KernelDeadlock"),
         ({"nodeHealth": {"trainerFaultThreshold": -1}}, "/nodeHealth/trainerFaultThreshold"),
         ({"nodeHealth": {"cordon": True}}, "cordon"),
+        ({"nodeHealth": {"noticeLabels": {"example.com/spot-notice": "true"}}}, "/nodeHealth/noticeLabels"),
         ({"fsx": {"allowedFileSystems": {"team-a": ["efs-0123"]}}}, "/fsx/allowedFileSystems/team-a/0"),
         ({"fsx": {"allowedFileSystems": {"team-a": []}}}, "/fsx/allowedFileSystems/team-a"),
         ({"fsx": {"allowedFileSystems": {"Team_A": ["*"]}}}, "invalid propertyName 'Team_A'"),
@@ -341,6 +342,8 @@ def test_node_health_values_reach_the_operator_merged_with_the_defaults() -> Non
             "conditions": {"KernelDeadlock": None, "GPUMissing": "True"},
             "replaceOnCordon": False,
             "trainerFaultThreshold": 5,
+            "noticeLabels": {"example.com/spot-notice": ["true"]},
+            "disruptionTaints": ["example.com/maintenance"],
         }
     }
     (container,) = one(render(values), "Deployment")["spec"]["template"]["spec"]["containers"]
@@ -349,3 +352,5 @@ def test_node_health_values_reach_the_operator_merged_with_the_defaults() -> Non
     assert health.conditions["GPUMissing"] == "True" and "KernelDeadlock" not in health.conditions
     assert health.conditions["AcceleratedHardwareReady"] == "False"  # a default kept by the merge
     assert health.labels == NodeHealth().labels and health.permanent == NodeHealth().permanent
+    assert health.notice_labels == {"example.com/spot-notice": ("true",)}
+    assert health.disruption_taints == ("example.com/maintenance",) and health.disruption_labels == {}

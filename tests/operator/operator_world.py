@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rtj_operator import constants, decide, observe
+from rtj_operator.nodehealth import NodeHealth
 from rtj_operator.progress import ProgressReport, RestartOffset, format_time
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -87,6 +88,8 @@ class World:
     refused_at: datetime | None = None
     # The trainers' progress reports by pod uid, as the operator last read them from the endpoints.
     reports: dict[str, ProgressReport] = field(default_factory=dict)
+    # The operator's node signal settings (--node-health).
+    health: NodeHealth = field(default_factory=NodeHealth)
 
     @classmethod
     def with_nodes(cls, job: dict[str, Any], count: int) -> World:
@@ -119,6 +122,9 @@ class World:
         pod["metadata"]["deletionTimestamp"] = format_time(self.now)
         pod["metadata"]["deletionGracePeriodSeconds"] = 120
 
+    def label(self, name: str, key: str, value: str) -> None:
+        self.nodes[name]["metadata"]["labels"][key] = value
+
     def taint(self, name: str, key: str, effect: str = "NoExecute") -> None:
         self.nodes[name]["spec"].setdefault("taints", []).append(
             {"key": key, "effect": effect, "timeAdded": format_time(self.now)}
@@ -137,6 +143,7 @@ class World:
             offsets=self.offsets,
             refused_at=self.refused_at,
             reports=self.reports,
+            health=self.health,
         )
 
     def plan(self, *, ensure_base: bool = False) -> decide.Plan:

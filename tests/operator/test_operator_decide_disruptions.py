@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from operator_world import SPARE, WORKER, World, _affinity_nodes, node_of, running_world
 from rtj_operator import constants, decide, disruptions, events
+from rtj_operator.nodehealth import NodeHealth
 from rtj_trainer.library import drain
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -163,6 +164,28 @@ def test_a_spot_interruption_notice_moves_the_worker_at_once_as_a_disruption() -
     assert not world.status().get("nodeFaults")
     assert (budget(world)["disruptions"], budget(world)["failuresUsed"]) == (1, 0)
     assert world.reasons().count(events.WORKER_MOVED) == 1
+
+
+def test_a_sites_spot_notice_label_moves_the_worker_at_once_and_its_maintenance_label_moves_nothing() -> None:
+    world = running_world(nodes=2, node_count=4)
+    world.health = NodeHealth(
+        disruption_labels={"example.com/maintenance": ()},
+        notice_labels={"example.com/spot-notice": ("true",)},
+    )
+    maintained, doomed = node_of(world, WORKER, 0), node_of(world, WORKER, 1)
+    world.label(maintained, "example.com/maintenance", "kernel-upgrade")
+    world.label(doomed, "example.com/spot-notice", "true")
+    world.reconcile()
+    assert not deletes(world, "train-worker-0")
+    assert [d.grace_seconds for d in deletes(world, "train-worker-1")] == [None]  # its kubelet ends it
+    assert world.reasons().count(events.WORKER_MOVED) == 1
+    world.kubelets()
+    world.settle(rounds=20)
+    # The replacement avoids both nodes; neither is a fault; one disruption, no budget spent.
+    assert {maintained, doomed} <= excluded_by_affinity(world, WORKER, 1)
+    assert node_of(world, WORKER, 0) == maintained and world.status()["state"] == "Running"
+    assert not world.status().get("nodeFaults") and not world.status().get("excludedNodes")
+    assert (budget(world)["disruptions"], budget(world)["failuresUsed"]) == (1, 0)
 
 
 @pytest.mark.parametrize("signal", ["cordon", "karpenter.sh/disrupted"])

@@ -153,8 +153,8 @@ def test_a_cordon_is_a_planned_disruption_not_a_health_signal_whatever_the_old_s
 ) -> None:
     cordoned = node(unschedulable=True)
     assert judge(cordoned, NodeHealth(replace_on_cordon=replace_on_cordon)) is None
-    assert observe.node_disruption(cordoned) == disruptions.CORDONED
-    assert observe.node_disruption(node()) is None
+    assert observe.node_disruption(cordoned, NodeHealth()) == disruptions.CORDONED
+    assert observe.node_disruption(node(), NodeHealth()) is None
 
 
 @pytest.mark.parametrize("key", sorted(disruptions.NODE_TAINTS))
@@ -163,10 +163,57 @@ def test_maintenance_taints_are_disruptions_even_when_listed_or_not_tolerated(ke
     tainted = node(taints=[(key, effect)])
     listed = NodeHealth(taints=(key, *nodehealth.DEFAULT_TAINTS))
     assert judge(tainted, listed) is None
-    assert observe.node_disruption(tainted) == key
+    assert observe.node_disruption(tainted, NodeHealth()) == key
     # Not tolerated, even NoExecute: no node problem (the taint manager's eviction is the disruption).
     found, recheck = observe.node_problem("n1", {"n1": tainted}, (), NOW, 10, health=NodeHealth())
     assert (found, recheck) == (None, None)
+
+
+SITE_SIGNALS = NodeHealth(
+    taints=("example.com/maintenance", *nodehealth.DEFAULT_TAINTS),
+    labels={"example.com/maintenance": (), "example.com/gpu-unhealthy": ()},
+    disruption_taints=("example.com/maintenance",),
+    disruption_labels={"example.com/maintenance": ("planned",)},
+    notice_taints=("example.com/reclaim",),
+    notice_labels={"example.com/spot-notice": ("true",)},
+)
+
+
+@pytest.mark.parametrize(
+    ("shown", "signal", "departs"),
+    [
+        (node(taints=[("example.com/maintenance", "NoExecute")]), "example.com/maintenance", False),
+        (node(labels={"example.com/maintenance": "planned"}), "example.com/maintenance=planned", False),
+        (node(taints=[("example.com/reclaim", "NoExecute")]), "example.com/reclaim", True),
+        (node(labels={"example.com/spot-notice": "true"}), "example.com/spot-notice=true", True),
+        (
+            node(taints=[("aws-node-termination-handler/spot-itn", "NoSchedule")]),
+            "aws-node-termination-handler/spot-itn",
+            True,
+        ),
+    ],
+)
+def test_a_sites_own_disruption_and_notice_signals_are_planned_never_a_fault(
+    shown: observe.NodeState, signal: str, departs: bool
+) -> None:
+    # Listed as health signals too (a label, a taint) and NoExecute, not tolerated: still no fault.
+    found, recheck = observe.node_problem("n1", {"n1": shown}, (), NOW, 10, health=SITE_SIGNALS, pod=pod())
+    assert (found, recheck) == (None, None)
+    assert observe.node_disruption(shown, SITE_SIGNALS) == signal
+    assert observe.node_departure(shown, SITE_SIGNALS) == (signal if departs else None)
+
+
+def test_a_label_value_the_settings_do_not_list_is_no_signal_and_other_health_labels_still_are() -> None:
+    other = node(labels={"example.com/spot-notice": "false", "example.com/maintenance": "done"})
+    assert observe.node_disruption(other, SITE_SIGNALS) is None
+    assert observe.node_departure(other, SITE_SIGNALS) is None
+    # example.com/maintenance=done is no planned disruption, so the health label (any value) judges it.
+    problem = judge(other, SITE_SIGNALS)
+    assert problem is not None and problem.reason == "example.com/maintenance"
+    # Without the settings a label means nothing.
+    noticed = node(labels={"example.com/spot-notice": "true"})
+    assert observe.node_disruption(noticed, NodeHealth()) is None
+    assert observe.node_departure(noticed, NodeHealth()) is None
 
 
 # --- allocatable ------------------------------------------------------------------------------------
@@ -274,6 +321,11 @@ def test_empty_settings_are_the_defaults_and_omitted_keys_keep_theirs() -> None:
         ('{"trainerFaultThreshold": -1}', "nodeHealth.trainerFaultThreshold"),
         ('{"taints": [""]}', "nodeHealth.taints[0]"),
         ('{"cordon": true}', "nodeHealth.cordon: unknown field"),
+        (
+            '{"noticeLabels": {"example.com/spot-notice": "true"}}',
+            "nodeHealth.noticeLabels.example.com/spot-notice",
+        ),
+        ('{"disruptionTaints": [""]}', "nodeHealth.disruptionTaints[0]"),
     ],
 )
 def test_bad_settings_name_the_field(text: str, field: str) -> None:

@@ -49,7 +49,7 @@ def held_workers(run: PassState) -> list[tuple[int, str, str]]:
         node = run.observed.nodes.get(pod.node_name) if pod is not None else None
         if pod is None or node is None or pod.deleting or not _ready(run, index):
             continue
-        signal = node_disruption(node)
+        signal = node_disruption(node, run.observed.health)
         if signal is not None:
             held.append((index, node.name, signal))
     return held

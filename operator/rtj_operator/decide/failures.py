@@ -164,7 +164,7 @@ def _pod_faulty(run: PassState, entry: Entry, pod: PodState) -> Loss | None:
 def _node_blamed(run: PassState, pod: PodState, cause: str) -> NodeProblem | None:
     """The node's fault behind a pod disruption, if the node is to blame (`disruptions.blames_node`)."""
     node = run.observed.nodes.get(pod.node_name)
-    planned = node is not None and node_disruption(node) is not None
+    planned = node is not None and node_disruption(node, run.observed.health) is not None
     if not disruptions.blames_node(pod.disruption, pod.status_reason, node_in_maintenance=planned):
         return None
     return NodeProblem(cause, f"pod {pod.name} disrupted on {pod.node_name}: {cause}")

@@ -1,5 +1,6 @@
-"""Moving workers off nodes that will go soon, before they go: a spot interruption notice's taint
-(`disruptions.MOVING_TAINTS`) gives two minutes, whatever the job does. With
+"""Moving workers off nodes that will go soon, before they go: a spot interruption notice (the
+termination handler's taint `disruptions.MOVING_TAINTS`, or a notice taint or label of the operator's
+settings: `observe.node_departure`) gives two minutes, whatever the job does. With
 `spec.disruption.moveOnNotice` every planned disruption of a node (a cordon, a maintenance taint:
 `observe.node_disruption`) moves its workers too, before the eviction comes.
 
@@ -11,9 +12,9 @@ taint keeps new workers away: `PassState.excluded_names`). No fault, no failure 
 
 from __future__ import annotations
 
-from rtj_operator import disruptions, events
+from rtj_operator import events
 from rtj_operator.decide.state import WORKER, PassState
-from rtj_operator.observe import node_disruption
+from rtj_operator.observe import node_departure, node_disruption
 
 
 def move_off_departing_nodes(run: PassState) -> None:
@@ -40,5 +41,5 @@ def departure_signal(run: PassState, node_name: str) -> str | None:
     if node is None:
         return None
     if run.job.model.spec.disruption.move_on_notice:
-        return node_disruption(node)
-    return next((t.key for t in node.taints if t.key in disruptions.MOVING_TAINTS), None)
+        return node_disruption(node, run.observed.health)
+    return node_departure(node, run.observed.health)

@@ -210,7 +210,7 @@ def _dict_or_none(value: object) -> dict[str, Any] | None:
 
 def _avoided_now(node: NodeState, health: NodeHealth) -> bool:
     """Whether new pods are kept off the node for now: a health signal or a planned disruption."""
-    return node_health_problem(node, health) is not None or node_disruption(node) is not None
+    return node_health_problem(node, health) is not None or node_disruption(node, health) is not None
 
 
 @dataclass
