@@ -4,9 +4,9 @@ training (2 pods x 1 rank, the checkpoint volume).
 One job goes through them and a fault in sequence: a cordon (nothing moves), `kubectl drain` (a
 disruption: the pod, deleted with its grace period, is ended by its own kubelet after a checkpoint of
 the step it was at, and the replacement resumes from that step without losing one), Karpenter's taint
-and eviction, a spot interruption notice's taint (the operator moves the worker), then a node killed:
-the only fault. The same drain under the Supervisor launcher, and a drain held by the job's
-PodDisruptionBudget, have a test each."""
+and eviction, a spot interruption notice's taint (the operator moves the worker), the same notice as a
+label the operator's settings name, then a node killed: the only fault. The same drain under the
+Supervisor launcher, and a drain held by the job's PodDisruptionBudget, have a test each."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from rtj_localcluster.ports import reserve_port_pair
 from rtj_localcluster.testing import kubectl, wait_for
 from rtj_operator import events, names
 from rtj_operator.main import EmbeddedOperator
+from rtj_operator.nodehealth import NodeHealth
 from rtj_trainer.library import checkpoint, progress
 
 pytestmark = pytest.mark.slow
@@ -174,6 +175,9 @@ def assert_no_fault(kubeconfig: Path, namespace: str, disruptions: int) -> dict[
 
 PLANNED_STEPS = 250
 SPOT_NOTICE = "aws-node-termination-handler/spot-itn"
+# A site's own spot handler that labels the node: the operator's settings name the label.
+SPOT_NOTICE_LABEL = "example.com/spot-notice"
+SITE_NOTICE = NodeHealth(notice_labels={SPOT_NOTICE_LABEL: ("true",)})
 
 
 @pytest.mark.local_cluster(nodes=3, profile="cpu", node_monitor_grace_seconds=3.0)
@@ -188,7 +192,7 @@ def test_cordon_drain_karpenter_and_spot_notice_are_disruptions_and_a_node_loss_
     manifest = _drained_job(
         namespace, PLANNED_STEPS, "0.2", checkpoints, failurePolicy={"nodeLossGraceSeconds": 2}
     )
-    with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+    with EmbeddedOperator(str(kubeconfig), namespaces=[namespace], node_health=SITE_NOTICE):
         apply(kubeconfig, manifest, tmp_path)
         wait_step(kubeconfig, namespace, 8)
         placed = running_pods_on(kubeconfig, namespace, "drain")
@@ -242,21 +246,31 @@ def test_cordon_drain_karpenter_and_spot_notice_are_disruptions_and_a_node_loss_
         kubectl(kubeconfig, "taint", "node", noticed, f"{SPOT_NOTICE}-")
         wait_step(kubeconfig, namespace, committed_steps(kubeconfig, namespace)[-1] + 5)
 
+        # 4b. The same notice as a label the operator's settings name (a site's own spot handler).
+        uid, labelled = worker_1_uid(kubeconfig, namespace), lost
+        with watching_pod(kubeconfig, namespace, "drain-worker-1", tmp_path / "label.json"):
+            kubectl(kubeconfig, "label", "node", labelled, f"{SPOT_NOTICE_LABEL}=true")
+            lost = wait_worker_moved(kubeconfig, namespace, {labelled, worker_0_node})
+        assert_ended_by_its_kubelet_after_its_checkpoint(tmp_path / "label.json", uid)
+        assert_no_fault(kubeconfig, namespace, disruptions=4)
+        kubectl(kubeconfig, "label", "node", labelled, f"{SPOT_NOTICE_LABEL}-")
+        wait_step(kubeconfig, namespace, committed_steps(kubeconfig, namespace)[-1] + 5)
+
         # 5. A real node loss right after: a fault.
         local_cluster.kill_node(lost)
         wait_worker_moved(kubeconfig, namespace, {lost})
         done = wait_state(kubeconfig, namespace, "drain", "Succeeded", timeout=600)
     budget = done["budget"]
-    assert (budget["failuresUsed"], budget["disruptions"]) == (1, 3), budget
+    assert (budget["failuresUsed"], budget["disruptions"]) == (1, 4), budget
     assert [f["nodeName"] for f in done["nodeFaults"]] == [lost], done["nodeFaults"]
     directory = checkpoint_dir(kubeconfig, namespace, "drain")
     committed = sorted(c.step for c in checkpoint.list_checkpoints(directory) if c.committed)
-    assert len(committed) == 4 and committed[-1] == PLANNED_STEPS, committed  # three SIGTERMs' and the end
+    assert len(committed) == 5 and committed[-1] == PLANNED_STEPS, committed  # four SIGTERMs' and the end
     for node in (0, 1):
         state = json.loads(progress.node_state_path(directory, node).read_text())
         # The first recovery from each SIGTERM's checkpoint (the node loss later resumes from the last).
-        planned = [next(e for e in state["events"] if e.get("step") == step) for step in committed[:3]]
-        assert [(e["resumedFrom"], e["stepsLost"]) for e in planned] == [("checkpoint", 0)] * 3, state
+        planned = [next(e for e in state["events"] if e.get("step") == step) for step in committed[:4]]
+        assert [(e["resumedFrom"], e["stepsLost"]) for e in planned] == [("checkpoint", 0)] * 4, state
 
 
 def drain_waiting(kubeconfig: Path, namespace: str, job: str) -> dict[str, Any] | None:
