@@ -38,6 +38,10 @@ FAILED_BY_RULE: Final = "FailedByRule"  # a failurePolicy rule with action FailJ
 # `FaultReason: StartupFailed`, also this word), or the worker's pods failed the same way before any
 # step STARTUP_FAILURES_TO_FAIL times in a row. The job is Failed at once, spending no budget.
 STARTUP_FAILED: Final = "StartupFailed"
+# A worker's training fails the same way after the same step on every try: rtj-launch said so (the
+# line `FaultReason: DeterministicFailure`, also this word), or NVRx's launcher exited with its
+# no-restart status (constants.NO_RESTART_EXIT_CODE). The job is Failed at once, spending no budget.
+DETERMINISTIC_FAILURE: Final = "DeterministicFailure"
 FAULT_IGNORED: Final = (
     "FaultIgnored"  # a failurePolicy Ignore rule matched: replaced, counted against nothing
 )

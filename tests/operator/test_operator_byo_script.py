@@ -6,8 +6,10 @@ What a user must see without changing the script: the job completes; a SIGKILLed
 restart that status counts and times to the ranks' next step; a lost node is recovered and the
 recovery ends when training is seen again, not when the pods are Ready; the step comes from the
 log-line pattern the spec declares; a job that reports no step is never Stalled for it; NVRx's
-sections API works with an ft_launcher config given in the spec; and a wrong script path fails the
-job within three tries, naming the path, with consistent conditions.
+sections API works with an ft_launcher config given in the spec; a wrong script path fails the
+job within three tries, naming the path, with consistent conditions; and a script on the library that
+raises at the same step on every try fails the job after two (DeterministicFailure, naming the step
+and the error), spending no budget.
 """
 
 from __future__ import annotations
@@ -242,23 +244,46 @@ def test_sections_api_with_a_config_from_the_spec_and_no_steps_is_never_stalled(
     assert final["restarts"].get("inJob", 0) == 0  # no section timed out: the config was applied
 
 
+# A script of the user's own on the library whose every rank raises at step 4, whatever the try.
+BAD_BATCH = """
+import time
+import rtj_trainer
+
+with rtj_trainer.Session() as session:
+    start, _ = session.load()
+    for step in range(start + 1, 20):
+        time.sleep(0.1)
+        if step == 4:
+            raise ValueError("bad batch at offset 0x3f00")
+        session.step(step, loss=1.0 / step)
+"""
+
+
 @pytest.mark.local_cluster(nodes=2, profile="cpu")
-def test_a_wrong_script_path_fails_within_three_tries_naming_the_path(
+def test_a_wrong_script_path_and_a_step_that_always_raises_fail_the_job_naming_why(
     local_cluster: LocalCluster, tmp_path: Path
 ) -> None:
     kc = local_cluster.kubeconfig_path
     install_crd(kc)
-    name = "typo"
     missing = "/app/trian.py"
     with EmbeddedOperator(str(kc), namespaces=["default"]):
-        job = _own_script_job(name, args=[], command=[sys.executable, missing])
-        apply(kc, job, tmp_path)
-        final = wait_state(kc, "default", name, "Failed", timeout=240)
-    failed = _condition(final, events.COND_FAILED)
-    assert failed.get("reason") == "StartupFailed", failed
+        apply(kc, _own_script_job("typo", args=[], command=[sys.executable, missing]), tmp_path)
+        apply(kc, _own_script_job("badbatch", args=[], command=[sys.executable, "-c", BAD_BATCH]), tmp_path)
+        typo = wait_state(kc, "default", "typo", "Failed", timeout=240)
+        bad_batch = wait_state(kc, "default", "badbatch", "Failed", timeout=240)
+    for final in (typo, bad_batch):
+        assert _condition(final, events.COND_READY).get("status") != "True", final["conditions"]
+        assert (final.get("budget") or {}).get("failuresUsed", 0) == 0, final
+    failed = _condition(typo, events.COND_FAILED)
+    assert failed.get("reason") == events.STARTUP_FAILED, failed
     assert missing in failed.get("message", ""), failed
-    assert _condition(final, events.COND_READY).get("status") != "True", final["conditions"]
-    assert (final.get("restarts") or {}).get("podReplacement", 0) <= 2
+    assert (typo.get("restarts") or {}).get("podReplacement", 0) <= 2
+    # rtj-launch stopped ft_launcher at the second try (it had more), and nothing was replaced.
+    failed = _condition(bad_batch, events.COND_FAILED)
+    assert failed.get("reason") == events.DETERMINISTIC_FAILURE, failed
+    evidence = "after step 3 on 2 tries in a row: exit 1: ValueError: bad batch at offset 0x3f00"
+    assert evidence in failed.get("message", ""), failed
+    assert (bad_batch.get("restarts") or {}).get("podReplacement", 0) == 0, bad_batch
 
 
 # The project's packages and their metadata in the virtual environment, which a user's image lacks.

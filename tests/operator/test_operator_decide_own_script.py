@@ -13,12 +13,14 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 from operator_world import T0, WORKER, World, running_world
-from rtj_operator import events
+from rtj_operator import constants, events
 from rtj_operator.api import ConditionStatus
 from rtj_operator.decide.conditions import set_condition, state_from_conditions
 from rtj_operator.decide.startup import STARTUP_FAILURES_TO_FAIL
 from rtj_operator.progress import format_time, parse_report, parse_time
+from rtj_trainer.runtime import launcher_view
 
 STALL = 60
 OWN_SCRIPT: dict[str, Any] = {
@@ -295,6 +297,53 @@ def test_a_rule_that_matches_the_startup_verdict_first_wins() -> None:
     world.reconcile()
     assert condition(world, events.COND_FAILED) is None
     assert world.condition(events.COND_RECOVERING)["status"] == "True"
+
+
+# -- DeterministicFailure --
+
+REPEATED = "the training failed the same way after step 57 on 2 tries in a row: exit 1: ValueError: bad batch"
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        (93, f"FaultReason: DeterministicFailure\n{REPEATED}\n"),  # rtj-launch's verdict
+        (93, "Traceback (most recent call last):\nValueError: bad batch\n"),  # NVRx 0.7's no-restart exit
+    ],
+)
+def test_a_failure_that_recurs_at_one_step_fails_the_job_at_once_spending_no_budget(
+    code: int, message: str
+) -> None:
+    world = own_world()
+    fail(world, 1, code, message)
+    world.reconcile()
+    failed = world.condition(events.COND_FAILED)
+    assert (failed["status"], failed["reason"]) == ("True", events.DETERMINISTIC_FAILURE)
+    assert failed["message"].startswith("worker 1 (pod train-worker-1) fails the same way at the same step")
+    assert ("after step 57" in failed["message"]) is message.startswith("FaultReason")
+    assert "ValueError: bad batch" in failed["message"]
+    status = world.status()
+    assert status["state"] == "Failed" and status["restarts"]["podReplacement"] == 0
+    assert status.get("budget", {}).get("failuresUsed", 0) == 0
+    assert events.DETERMINISTIC_FAILURE in world.reasons() and events.GANG_RESTART not in world.reasons()
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [{"onFaultReasons": ["DeterministicFailure"]}, {"onExitCodes": {"operator": "In", "values": [93]}}],
+)
+def test_a_rule_that_matches_the_deterministic_verdict_first_keeps_restarting(rule: dict[str, Any]) -> None:
+    world = own_world(failurePolicy={"rules": [{"action": "RestartJob", **rule}]})
+    fail(world, 1, 93, f"FaultReason: DeterministicFailure\n{REPEATED}\n")
+    world.reconcile()
+    assert condition(world, events.COND_FAILED) is None
+    assert world.condition(events.COND_RECOVERING)["status"] == "True"
+    assert world.status()["budget"]["failuresUsed"] == 1
+
+
+def test_the_no_restart_exit_code_is_the_trainers_and_nvrxs() -> None:
+    assert constants.NO_RESTART_EXIT_CODE == launcher_view.NO_RESTART_EXIT_CODE
+    assert events.DETERMINISTIC_FAILURE == launcher_view.DETERMINISTIC_FAILURE_REASON
 
 
 def fail_and_restart(world: World, message: str, code: int = 1) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from rtj_localcluster.ports import reserve_port
-from rtj_trainer.library import progress
+from rtj_trainer.library import failed_step, progress
 from rtj_trainer.runtime import endpoint, launch, launcher_view, rankshim
 from rtj_trainer.runtime.launcher_view import LauncherView, RankRecord, StartupFailure
 
@@ -236,6 +236,80 @@ def test_with_a_step_pattern_a_late_failure_before_the_first_step_still_counts()
     assert launcher_view.startup_failure(records, step_pattern_set=False) is None
 
 
+# --- the repeated failure rule -----------------------------------------------------------------------
+
+
+def failing_after(
+    count: int, start: float, step: int | None, code: int = 1, line: str = "ValueError: bad batch 0x7f3a"
+) -> list[RankRecord]:
+    """A generation whose local rank 1 raised after `step` steps (the library's note; None: no note),
+    then ft_launcher stopped local rank 0."""
+    note = () if step is None else (failed_step.note(step),)
+    failing = stepped(
+        rank(1, 101 + count * 2, start, restart_count=count), (1, start + 1), (9, start + 2), 1.0
+    )
+    return [
+        ended(rank(0, 100 + count * 2, start, restart_count=count), start + 3.5, 143),
+        ended(failing, start + 3.0, code, "Traceback (most recent call last):", line, *note),
+    ]
+
+
+def test_two_generations_failing_alike_after_the_same_step_are_a_repeated_failure() -> None:
+    records = failing_after(0, 0.0, 57) + failing_after(1, 10.0, 57, line="ValueError: bad batch 0x7f9c")
+    failure = launcher_view.repeated_failure(records, step_pattern_set=False)
+    assert failure is not None and (failure.exit_code, failure.step) == (1, 57)
+    assert failure.error_line == "ValueError: bad batch 0x7f9c"  # the newest try's, numbers aside
+    assert failure.pod_exit_code == launcher_view.NO_RESTART_EXIT_CODE == 93
+    assert failure.message == (
+        "FaultReason: DeterministicFailure\n"
+        "the training failed the same way after step 57 on 2 tries in a row: "
+        "exit 1: ValueError: bad batch 0x7f9c"
+    )
+    # One try is not enough, and a third generation running judges nothing until it fails.
+    assert launcher_view.repeated_failure(failing_after(0, 0.0, 57), step_pattern_set=False) is None
+    running = [rank(0, 200, 20.0, restart_count=2), rank(1, 201, 20.0, restart_count=2)]
+    assert launcher_view.repeated_failure(records + running, step_pattern_set=False) is None
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        failing_after(1, 10.0, 58),  # another step
+        failing_after(1, 10.0, 57, code=2),  # another exit code
+        failing_after(1, 10.0, 57, line="KeyError: 'labels'"),  # another error
+        failing_after(1, 10.0, None),  # no note and no pattern: the step is unknown
+        failing_after(1, 10.0, 57, code=137),  # killed by a signal (the note is a stale line)
+        failing_after(1, 10.0, 57, code=75),  # left for a peer's drain
+    ],
+)
+def test_no_repeated_failure_when_the_tries_differ_or_say_no_step(second: list[RankRecord]) -> None:
+    records = failing_after(0, 0.0, 57) + second
+    assert launcher_view.repeated_failure(records, step_pattern_set=False) is None
+
+
+def test_with_a_step_pattern_the_last_printed_step_stands_in_for_the_note() -> None:
+    records = failing_after(0, 0.0, None) + failing_after(1, 10.0, None)
+    failure = launcher_view.repeated_failure(records, step_pattern_set=True)
+    assert failure is not None and failure.step == 9
+    assert launcher_view.repeated_failure(records, step_pattern_set=False) is None
+
+
+def test_a_generation_whose_first_failure_is_a_signal_is_not_judged_by_what_followed() -> None:
+    # Local rank 0 SIGKILLed first; local rank 1's exception (with its note) only followed from it.
+    def killed_first(count: int, start: float) -> list[RankRecord]:
+        killed = ended(rank(0, 100 + count * 2, start, restart_count=count), start + 2.0, 137)
+        return [killed, *failing_after(count, start, 57)[1:]]
+
+    records = killed_first(0, 0.0) + killed_first(1, 10.0)
+    assert launcher_view.repeated_failure(records, step_pattern_set=False) is None
+
+
+def test_the_note_is_found_among_the_last_lines_and_only_as_a_whole_line() -> None:
+    assert failed_step.step_in(["x", failed_step.note(3), "  " + failed_step.note(12) + "  "]) == 12
+    assert failed_step.step_in(["print: rtj_trainer: failed after step 3"]) is None
+    assert failed_step.step_in([]) is None
+
+
 # --- the served report ----------------------------------------------------------------------------
 
 
@@ -375,7 +449,7 @@ def test_history_keeps_replaced_records_and_closes_those_of_dead_shims(tmp_path:
     alive = {101, 102, 201}
     failures: list[StartupFailure] = []
     history = launch.RankHistory(
-        tmp_path, step_pattern_set=False, on_startup_failure=failures.append, alive=lambda pid: pid in alive
+        tmp_path, step_pattern_set=False, on_failure=failures.append, alive=lambda pid: pid in alive
     )
     write_record(tmp_path, 0, pid=101)
     write_record(tmp_path, 1, pid=102)
@@ -402,7 +476,7 @@ def test_history_keeps_replaced_records_and_closes_those_of_dead_shims(tmp_path:
 def test_history_reports_a_startup_failure_once(tmp_path: Path) -> None:
     failures: list[StartupFailure] = []
     history = launch.RankHistory(
-        tmp_path, step_pattern_set=False, on_startup_failure=failures.append, alive=lambda pid: False
+        tmp_path, step_pattern_set=False, on_failure=failures.append, alive=lambda pid: False
     )
     lines = ["python: can't open file '/app/train.py': [Errno 2] No such file or directory"]
     for count in range(3):
@@ -418,7 +492,7 @@ def test_history_reports_a_startup_failure_once(tmp_path: Path) -> None:
 def test_history_takes_a_library_report_for_a_start(tmp_path: Path) -> None:
     failures: list[StartupFailure] = []
     history = launch.RankHistory(
-        tmp_path, step_pattern_set=False, on_startup_failure=failures.append, alive=lambda pid: False
+        tmp_path, step_pattern_set=False, on_failure=failures.append, alive=lambda pid: False
     )
     history.library_report = tmp_path / "progress.json"
     for count in range(2):

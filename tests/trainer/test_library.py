@@ -290,6 +290,37 @@ def test_a_restarted_process_continues_the_nodes_counters(pod: Path, monkeypatch
     assert (resumed["samples"], resumed["tokens"]) == (48, 480)
 
 
+@pytest.mark.parametrize("local_rank", ["0", "1"])
+def test_an_exception_that_ends_the_block_carries_the_step_it_failed_after(
+    pod: Path, monkeypatch: pytest.MonkeyPatch, local_rank: str
+) -> None:
+    # Every local rank notes it (the failing rank need not be the reporting one), once.
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    with pytest.raises(ValueError, match="bad batch") as raised, rtj_trainer.Session() as session:
+        session.step(1)
+        session.step(2)
+        try:
+            raise ValueError("bad batch")
+        except ValueError as error:
+            error.add_note("a note of the script's own")
+            raise
+    assert raised.value.__notes__ == ["a note of the script's own", "rtj_trainer: failed after step 2"]
+    # An exit is not a failure of the training: no note.
+    with pytest.raises(SystemExit) as exited, rtj_trainer.Session():
+        raise SystemExit(3)
+    assert not hasattr(exited.value, "__notes__")
+
+
+def test_a_failure_before_the_first_step_after_a_restore_is_after_the_restored_step(pod: Path) -> None:
+    with rtj_trainer.Session() as session:
+        session.step(4)
+        session.save(4, {"w": 1})
+    with pytest.raises(KeyError) as raised, rtj_trainer.Session() as session:
+        assert session.load()[0] == 4
+        raise KeyError("labels")
+    assert raised.value.__notes__ == ["rtj_trainer: failed after step 4"]
+
+
 def test_fault_names_the_reason_the_failure_policy_matches(pod: Path) -> None:
     rtj_trainer.Session().fault("DataCorruption", "shard 3 of step 200\nunreadable")
     message = (pod / "termination-log").read_text()

@@ -2,7 +2,9 @@
 API only (RankMonitorClient heartbeats), no rtj library, its step declared by a log-line pattern.
 The pod's endpoint still shows the in-job restart and its recovery, the step and loss from the
 pattern, and where each figure comes from; a wrong script path ends the pod at the second try with
-exit 78 and a StartupFailed termination message, instead of spending ft_launcher's restarts."""
+exit 78 and a StartupFailed termination message, and a script that raises at the same step on every
+try ends it at the second try with exit 93 and a DeterministicFailure one, instead of spending
+ft_launcher's restarts."""
 
 from __future__ import annotations
 
@@ -161,3 +163,35 @@ def test_a_wrong_script_path_fails_at_the_second_try(tmp_path: Path) -> None:
     # ft_launcher had 5 restarts left: rtj-launch stopped it after the second try.
     assert reports and max(r["ranks"]["restartCount"] for r in reports) <= 2
     assert time.monotonic() - started < 60
+
+
+# A script of the user's own on the library: rank 1 raises at step 4 on every try (a bad batch).
+BAD_BATCH_SCRIPT = """
+import os, time
+import rtj_trainer
+
+rank = int(os.environ["RANK"])
+with rtj_trainer.Session() as session:
+    start, _ = session.load()
+    for step in range(start + 1, 9):
+        time.sleep(0.1)
+        if rank == 1 and step == 4:
+            raise ValueError(f"bad batch in shard {os.getpid() % 7}")
+        session.step(step, loss=1.0 / step)
+"""
+
+
+def test_a_script_that_fails_at_the_same_step_on_every_try_stops_at_the_second(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(BAD_BATCH_SCRIPT)
+    code, reports, log = run_and_watch(tmp_path, ["python", str(script)], timeout=120)
+    assert code == 93, log[-4000:]
+    first, second = (tmp_path / "termination-log").read_text().splitlines()
+    assert first == "FaultReason: DeterministicFailure"
+    prefix = (
+        "the training failed the same way after step 3 on 2 tries in a row: exit 1: ValueError: bad batch"
+    )
+    assert second.startswith(prefix), second
+    # Both tries' tracebacks end with the library's note; ft_launcher had 5 restarts left.
+    assert log.count("rtj_trainer: failed after step 3") >= 2, log[-4000:]
+    assert reports and max(r["ranks"]["restartCount"] for r in reports) <= 2

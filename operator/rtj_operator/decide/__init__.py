@@ -26,6 +26,8 @@ The modules, in reading order:
 - `state`: the typed pass state (`PassState`) and the status records it rewrites.
 - `failures`: lost workers, fault counting and budgets, node faults and exclusion.
 - `startup`: a worker whose training command cannot start fails the job at once (`StartupFailed`).
+- `repeated`: a worker whose training fails the same way at the same step fails the job at once
+  (`DeterministicFailure`).
 - `placement`: workers and spares toward running pods; hot spares used for replacements.
 - `lifecycle`: running, suspended, resumed, finished, TTL, invalid specs, deletion.
 - `filesystems`: no create for a job whose FSx file system is not allowed for its namespace.

@@ -13,7 +13,8 @@ after that write resumes from `Replacing` without counting again; a crash before
   node's fault only when its signal blames the node (`disruptions.blames_node`).
 - `judge`: each loss's fault class (NodeLoss, ProcessFailure, Disruption) and the action of the first
   `failurePolicy.rules` entry that matches it, else FailJob for a worker whose launcher said its
-  command cannot start (`decide.startup`), else the class's default (`Verdict`).
+  command cannot start (`decide.startup`) or fails at the same step on every try (`decide.repeated`),
+  else the class's default (`Verdict`).
 - `handle_losses`: fail the job on a FailJob verdict or a worker that failed the same way before any
   step too often (`decide.startup`), else charge the verdicts against
   `failurePolicy.maxNodeReplacements` and the windowed `budgets` (or fail the job), record node
@@ -39,7 +40,7 @@ from datetime import timedelta
 
 from rtj_operator import constants, disruptions, events
 from rtj_operator.api import EntryState, ExitCodeOperator, FailureAction, FailureRule, FaultClass
-from rtj_operator.decide import startup
+from rtj_operator.decide import repeated, startup
 from rtj_operator.decide.actions import TaintNode
 from rtj_operator.decide.state import (
     SPARE,
@@ -231,6 +232,8 @@ def judge(run: PassState, loss: Loss) -> Verdict:
             return Verdict(loss, cls, rule.action, number)
     if cls == FaultClass.PROCESS_FAILURE and startup.launcher_gave_up(loss.pod):
         return Verdict(loss, cls, FailureAction.FAIL_JOB, None)  # no restart brings it up
+    if cls == FaultClass.PROCESS_FAILURE and repeated.launcher_stopped(loss.pod):
+        return Verdict(loss, cls, FailureAction.FAIL_JOB, None)  # no restart gets past that step
     if cls == FaultClass.DISRUPTION and left_for_a_peers_drain(loss.pod):
         return Verdict(loss, cls, FailureAction.RESTART_JOB, None)  # its world is gone
     return Verdict(loss, cls, DEFAULT_ACTIONS[cls], None)
@@ -442,8 +445,14 @@ def _rebuild_world(run: PassState) -> None:
 
 
 def _fail_fatal(run: PassState, verdict: Verdict) -> None:
-    """A FailJob verdict: a failurePolicy rule's, else the launcher's word that the command cannot start."""
+    """A FailJob verdict: a failurePolicy rule's, else the launcher's word that the command cannot start
+    or fails at the same step on every try."""
     loss = verdict.loss
+    if verdict.rule is None and repeated.launcher_stopped(loss.pod):
+        _fail(
+            run, events.DETERMINISTIC_FAILURE, repeated.launcher_message(loss.index, loss.pod, loss.message)
+        )
+        return
     if verdict.rule is None:
         _fail(run, events.STARTUP_FAILED, startup.launcher_message(loss.index, loss.pod, loss.message))
         return

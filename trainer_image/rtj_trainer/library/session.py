@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, SupportsFloat
 
 from rtj_trainer.library import drain as drain_mod
 from rtj_trainer.library import env as env_mod
-from rtj_trainer.library import node_faults
+from rtj_trainer.library import failed_step, node_faults
 from rtj_trainer.library import progress as progress_mod
 
 if TYPE_CHECKING:
@@ -429,11 +429,19 @@ class Session:
         self._report(force=True)
 
     def _failed(self, error: BaseException) -> None:
-        """The block ended with an exception: count it against the node if it blames the node, report."""
+        """The block ended with an exception: count it against the node if it blames the node, note
+        the step it failed after (`failed_step`: its launcher compares the tries), report."""
         reason = self._node_faults.note(error) if self._node_faults is not None else None
         if reason is not None and self._node_faults is not None:
             log.warning("fault attributed to node %s: %s", self._node_faults.node, reason)
+        if isinstance(error, Exception):  # not an exit, an interrupt or a drain's SystemExit
+            failed_step.add_note(error, self._steps_done())
         self._report(force=True)
+
+    def _steps_done(self) -> int:
+        """The newest step this process finished, or resumed at before its first step."""
+        resumed = self._resumed[0] if self._resumed is not None else 0
+        return max(self._progress.step, resumed)
 
     def _close(self) -> None:
         if self._phase == _Phase.CLOSED:

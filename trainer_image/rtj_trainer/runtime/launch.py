@@ -17,7 +17,10 @@ pattern (``RTJ_STEP_LOG_PATTERN``), for a script that does not use the library t
 generations of ranks in a row fail the same way before their first step (a wrong script path),
 ``rtj-launch`` stops ft_launcher and exits with ``launcher_view.STARTUP_FAILURE_EXIT_CODE`` and a
 ``FaultReason: StartupFailed`` termination message, instead of restarting it until the budget is
-spent. ft_launcher's own settings come from ``RTJ_FT_CONFIG`` (YAML text, written to a file) or
+spent; when two generations in a row fail the same way after the same step (the library's note on
+the exception says which, ``rtj_trainer.library.failed_step``, else the step pattern), it does the
+same with ``launcher_view.NO_RESTART_EXIT_CODE`` and ``FaultReason: DeterministicFailure``.
+ft_launcher's own settings come from ``RTJ_FT_CONFIG`` (YAML text, written to a file) or
 ``RTJ_FT_CONFIG_FILE`` (a mounted file), passed with its config-path flag; the flags built here
 override the file's values.
 
@@ -67,7 +70,10 @@ from rtj_trainer.library.env import (
 from rtj_trainer.library.progress import LIBRARY_VERSION, PROGRESS_FILE_ENV
 from rtj_trainer.runtime import install, launcher_view, rankshim
 from rtj_trainer.runtime.endpoint import ProgressEndpoint
-from rtj_trainer.runtime.launcher_view import LauncherView, RankRecord, StartupFailure
+from rtj_trainer.runtime.launcher_view import LauncherView, RankRecord, RepeatedFailure, StartupFailure
+
+# What stops ft_launcher for good: a command that cannot start, or one that fails at the same step.
+LaunchFailure = StartupFailure | RepeatedFailure
 
 log = logging.getLogger("rtj_trainer.runtime.launch")
 
@@ -351,8 +357,9 @@ class RankHistory:
     """Every rank record (``rtj_trainer.runtime.rankshim``) seen in `directory`, by (local rank, pid), across
     ft_launcher's restarts: the shim of a new process replaces its local rank's file, so the history
     lives here. A thread reads the directory every :data:`RANKS_POLL_SECONDS`; a record whose shim
-    is gone without its exit record (killed) is closed when that is noticed. `on_startup_failure` is
-    called once, from that thread, when the records show a start-up failure; the time of the
+    is gone without its exit record (killed) is closed when that is noticed. `on_failure` is called
+    once, from that thread, when the records show a start-up failure or a repeated failure at one
+    step (`launcher_view.repeated_failure`); the time of the
     library's newest report (the file `library_report`, given to :meth:`start`) tells a script that
     reports through the library, not a log line, from one that never started."""
 
@@ -361,13 +368,13 @@ class RankHistory:
         directory: Path,
         *,
         step_pattern_set: bool,
-        on_startup_failure: Callable[[StartupFailure], None] | None = None,
+        on_failure: Callable[[LaunchFailure], None] | None = None,
         alive: Callable[[int], bool] = _pid_alive,
     ) -> None:
         self.directory = directory
         self.step_pattern_set = step_pattern_set
-        self.on_startup_failure = on_startup_failure
-        self.failure: StartupFailure | None = None
+        self.on_failure = on_failure
+        self.failure: LaunchFailure | None = None
         self.library_report: Path | None = None
         self._library_report_epoch: float | None = None
         self._alive = alive
@@ -415,16 +422,15 @@ class RankHistory:
     def _judge(self) -> None:
         if self.failure is not None:
             return
-        failure = launcher_view.startup_failure(
-            self.records(),
-            step_pattern_set=self.step_pattern_set,
-            library_report_epoch=self._library_report_epoch,
-        )
+        records = self.records()
+        failure: LaunchFailure | None = launcher_view.startup_failure(
+            records, step_pattern_set=self.step_pattern_set, library_report_epoch=self._library_report_epoch
+        ) or launcher_view.repeated_failure(records, step_pattern_set=self.step_pattern_set)
         if failure is None:
             return
         self.failure = failure
-        if self.on_startup_failure is not None:
-            self.on_startup_failure(failure)
+        if self.on_failure is not None:
+            self.on_failure(failure)
 
     def _run(self) -> None:
         while not self._stop.wait(RANKS_POLL_SECONDS):
@@ -447,12 +453,12 @@ class RankHistory:
 
 
 class LauncherStopper:
-    """Stops ft_launcher after a start-up failure: SIGTERM (it stops its workers), SIGKILL after
-    :data:`STOP_GRACE_SECONDS`."""
+    """Stops ft_launcher after a start-up or repeated failure: SIGTERM (it stops its workers), SIGKILL
+    after :data:`STOP_GRACE_SECONDS`."""
 
     def __init__(self) -> None:
         self._launcher: subprocess.Popen[bytes] | None = None
-        self._pending: StartupFailure | None = None
+        self._pending: LaunchFailure | None = None
         self._lock = threading.Lock()
 
     def adopt(self, children: Sequence[subprocess.Popen[bytes]]) -> None:
@@ -462,7 +468,7 @@ class LauncherStopper:
         if pending is not None:
             self.stop(pending)
 
-    def stop(self, failure: StartupFailure) -> None:
+    def stop(self, failure: LaunchFailure) -> None:
         with self._lock:
             launcher = self._launcher
             if launcher is None:
@@ -619,14 +625,12 @@ def launch_ft(env: TrainerEnv, command: list[str], child_env: dict[str, str]) ->
         child_env[rankshim.RANKS_DIR_ENV] = str(ranks)
         child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         stopper = LauncherStopper()
-        history = RankHistory(
-            ranks, step_pattern_set=bool(env.step_log_pattern), on_startup_failure=stopper.stop
-        )
+        history = RankHistory(ranks, step_pattern_set=bool(env.step_log_pattern), on_failure=stopper.stop)
         code = run_launcher(env, full, child_env, history=history, started=stopper.adopt)
         if history.failure is not None and code != 0:
             log.error("%s", history.failure.message.replace("\n", ": ", 1))
             drain.write_termination_message(history.failure.message)
-            return launcher_view.STARTUP_FAILURE_EXIT_CODE
+            return history.failure.pod_exit_code
         return code
     finally:
         shutil.rmtree(state, ignore_errors=True)

@@ -9,6 +9,10 @@ with the functions here, what a training script of the user's own does not repor
 * :func:`startup_failure`: two generations in a row that failed the same way before their first
   step, which ``rtj-launch`` turns into exit :data:`STARTUP_FAILURE_EXIT_CODE` and a termination
   message the operator fails the job on at once;
+* :func:`repeated_failure`: two generations in a row that failed the same way after the same step
+  (a deterministic failure: a bug that raises at that step, a corrupt sample), which ``rtj-launch``
+  turns into exit :data:`NO_RESTART_EXIT_CODE` and a termination message the operator fails the job
+  on at once (``DeterministicFailure``);
 * :func:`merge`: the report ``GET /progress`` serves (docs/architecture.md, "Progress contract"):
   the library's report (``rtj_trainer.library.progress``) wins for every field it has; the launcher view
   fills in the rest, and ``sources`` says where the step and the restarts come from.
@@ -19,10 +23,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 import signal
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
+from rtj_trainer.library import failed_step
 from rtj_trainer.library.progress import MAX_EVENTS, SCHEMA_VERSION, rfc3339
 
 # EX_CONFIG: the training command cannot start as configured (a wrong script path, a missing module).
@@ -36,6 +42,18 @@ STARTUP_WINDOW_SECONDS: Final = 120.0
 # A rank's status when SIGTERM ended it: ft_launcher stopping its workers for a restart that another
 # rank, another node or a node joining caused. No failure of the command's own to start.
 STOPPED_EXIT_CODE: Final = 128 + signal.SIGTERM
+
+# A failure that recurs at the same step: restarting cannot get past it. NVRx 0.7's launchers exit
+# with 93 (its DEFAULT_NO_RESTART_EXIT_CODE) when NVRx decides the job must not restart; rtj-launch
+# uses the same status for its own verdict, so the operator reads either the same way.
+DETERMINISTIC_FAILURE_REASON: Final = "DeterministicFailure"
+NO_RESTART_EXIT_CODE: Final = 93
+# Generations in a row that must fail the same way after the same step.
+DETERMINISTIC_FAILURE_TRIES: Final = 2
+# A rank's status when it left for a drain (its own pod's: 143, a peer's: 75): never its failure.
+DRAIN_EXIT_CODES: Final = frozenset({128 + signal.SIGTERM, 75})
+# Numbers, hexadecimal ones (an address) whole: what differs between two tries of one failure.
+_NUMBERS: Final = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 SOURCE_LIBRARY: Final = "Library"
 SOURCE_LOG_PATTERN: Final = "LogPattern"
@@ -254,6 +272,14 @@ class StartupFailure:
     last_error_line: str
 
     @property
+    def reason(self) -> str:
+        return STARTUP_FAILED_REASON
+
+    @property
+    def pod_exit_code(self) -> int:
+        return STARTUP_FAILURE_EXIT_CODE
+
+    @property
     def message(self) -> str:
         """The container's termination message (the operator reads its first line)."""
         return (
@@ -304,6 +330,82 @@ def startup_failure(
     ]
     first = outcomes[0]
     return first if first is not None and all(outcome == first for outcome in outcomes) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatedFailure:
+    """The same failure after the same step on :data:`DETERMINISTIC_FAILURE_TRIES` generations in a row."""
+
+    exit_code: int
+    step: int
+    error_line: str
+
+    @property
+    def reason(self) -> str:
+        return DETERMINISTIC_FAILURE_REASON
+
+    @property
+    def pod_exit_code(self) -> int:
+        return NO_RESTART_EXIT_CODE
+
+    @property
+    def message(self) -> str:
+        """The container's termination message (the operator reads its first line)."""
+        return (
+            f"FaultReason: {DETERMINISTIC_FAILURE_REASON}\n"
+            f"the training failed the same way after step {self.step} on {DETERMINISTIC_FAILURE_TRIES} "
+            f"tries in a row: exit {self.exit_code}: {self.error_line or '(nothing on stderr)'}"
+        )
+
+    def same_as(self, other: RepeatedFailure) -> bool:
+        """The same exit code and step, and the same error line but for its numbers (an address or a
+        process id differs from one try to the next; the step is compared apart)."""
+        same_error = _NUMBERS.sub("#", self.error_line) == _NUMBERS.sub("#", other.error_line)
+        return same_error and (self.exit_code, self.step) == (other.exit_code, other.step)
+
+
+def _failed_after_a_step(
+    generation: Sequence[RankRecord], *, step_pattern_set: bool
+) -> RepeatedFailure | None:
+    """How `generation` failed, when its first failing rank says after which step: the library's note
+    on its exception (`failed_step`), else, with a step pattern, the last step that rank printed.
+    Ranks stopped by SIGTERM or gone for a drain are not judged; a generation whose first failure is a
+    death by a signal (SIGKILL, a lost peer's NCCL abort) is not either, nor what followed from it."""
+    failures = [
+        r for r in generation if r.failed and r.end_epoch is not None and r.exit_code not in DRAIN_EXIT_CODES
+    ]
+    if not failures:
+        return None
+    first = min(failures, key=lambda r: r.end_epoch or 0.0)
+    if first.exit_code is None or first.exit_code >= 128:
+        return None
+    step = failed_step.step_in(first.last_error_lines)
+    if step is None and step_pattern_set:
+        step = first.step
+    if step is None:
+        return None
+    lines = [line for line in first.last_error_lines if not failed_step.is_note(line)]
+    return RepeatedFailure(first.exit_code, step, lines[-1] if lines else "")
+
+
+def repeated_failure(records: Iterable[RankRecord], *, step_pattern_set: bool) -> RepeatedFailure | None:
+    """The failure when the newest generations failed the same way after the same step (pure).
+
+    Judged like :func:`startup_failure`, after every read of the records, on the newest
+    :data:`DETERMINISTIC_FAILURE_TRIES` generations: a failure at another step, or another failure
+    in between, starts the count again.
+    """
+    gens = generations(records)
+    if len(gens) < DETERMINISTIC_FAILURE_TRIES:
+        return None
+    outcomes = [
+        _failed_after_a_step(g, step_pattern_set=step_pattern_set)
+        for g in gens[-DETERMINISTIC_FAILURE_TRIES:]
+    ]
+    last = outcomes[-1]
+    if last is None or any(outcome is None or not outcome.same_as(last) for outcome in outcomes):
+        return None
+    return last
 
 
 def merge(
