@@ -265,10 +265,16 @@ def test_two_generations_failing_alike_after_the_same_step_are_a_repeated_failur
         "the training failed the same way after step 57 on 2 tries in a row: "
         "exit 1: ValueError: bad batch 0x7f9c"
     )
-    # One try is not enough, and a third generation running judges nothing until it fails.
+    # One try is not enough; a third try that ft_launcher started before rtj-launch looked changes
+    # nothing (the two before it decided), and neither does a later failure of another kind.
     assert launcher_view.repeated_failure(failing_after(0, 0.0, 57), step_pattern_set=False) is None
     running = [rank(0, 200, 20.0, restart_count=2), rank(1, 201, 20.0, restart_count=2)]
-    assert launcher_view.repeated_failure(records + running, step_pattern_set=False) is None
+    assert launcher_view.repeated_failure(records + running, step_pattern_set=False) == failure
+    other = failing_after(2, 20.0, 12, line="KeyError: 'labels'")
+    assert launcher_view.repeated_failure(records + other, step_pattern_set=False) == failure
+    # Alike but not consecutive: another failure in between.
+    apart = failing_after(0, 0.0, 57) + failing_after(1, 10.0, 12) + failing_after(2, 20.0, 57)
+    assert launcher_view.repeated_failure(apart, step_pattern_set=False) is None
 
 
 @pytest.mark.parametrize(

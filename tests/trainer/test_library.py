@@ -131,6 +131,7 @@ def test_importing_the_library_starts_nothing_and_reads_no_environment() -> None
         "Heartbeats": "type",
         "JobSettings": "type",
         "NodeFaults": "type",
+        "NonFiniteLossError": "type",
         "LIBRARY_VERSION": "str",
         "Progress": "type",
         "RecoveryEvent": "type",
@@ -309,6 +310,22 @@ def test_an_exception_that_ends_the_block_carries_the_step_it_failed_after(
     with pytest.raises(SystemExit) as exited, rtj_trainer.Session():
         raise SystemExit(3)
     assert not hasattr(exited.value, "__notes__")
+
+
+def test_a_non_finite_loss_is_never_counted_and_ends_the_block(pod: Path) -> None:
+    import torch
+
+    for bad in (float("nan"), float("inf"), torch.tensor(float("-inf"))):
+        with pytest.raises(rtj_trainer.NonFiniteLossError) as raised, rtj_trainer.Session() as session:
+            session.step(1, loss=0.5)
+            session.step(2, loss=bad)
+        assert str(raised.value).startswith("the loss of step 2 is ")
+        assert raised.value.__notes__ == ["rtj_trainer: failed after step 1"]
+        assert _report(pod)["step"] == 1 and _report(pod)["loss"] == 0.5
+    # A script that skips such steps itself says so; the loss is reported as it is.
+    with rtj_trainer.Session(allow_non_finite_loss=True) as session:
+        session.step(1, loss=float("nan"))
+    assert _report(pod)["step"] == 1
 
 
 def test_a_failure_before_the_first_step_after_a_restore_is_after_the_restored_step(pod: Path) -> None:

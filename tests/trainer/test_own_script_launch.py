@@ -165,8 +165,9 @@ def test_a_wrong_script_path_fails_at_the_second_try(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60
 
 
-# A script of the user's own on the library: rank 1 raises at step 4 on every try (a bad batch).
-BAD_BATCH_SCRIPT = """
+# A script of the user's own on the library: rank 1 fails at step 4 on every try, by a bad batch
+# (an exception) or by a NaN loss (the session raises NonFiniteLossError rather than count the step).
+BAD_STEP_SCRIPT = """
 import os, time
 import rtj_trainer
 
@@ -174,24 +175,31 @@ rank = int(os.environ["RANK"])
 with rtj_trainer.Session() as session:
     start, _ = session.load()
     for step in range(start + 1, 9):
-        time.sleep(0.1)
-        if rank == 1 and step == 4:
-            raise ValueError(f"bad batch in shard {os.getpid() % 7}")
-        session.step(step, loss=1.0 / step)
+        time.sleep(0.3)
+        if rank == 1 and step == 4 and "{failure}" == "exception":
+            raise ValueError(f"bad batch in shard {{os.getpid() % 7}}")
+        loss = float("nan") if rank == 1 and step == 4 else 1.0 / step
+        session.step(step, loss=loss)
 """
+BAD_STEP_ERRORS = {
+    "exception": "ValueError: bad batch in shard",
+    "nan": "rtj_trainer.NonFiniteLossError: the loss of step 4 is nan: not training on it",
+}
 
 
-def test_a_script_that_fails_at_the_same_step_on_every_try_stops_at_the_second(tmp_path: Path) -> None:
+@pytest.mark.parametrize("failure", sorted(BAD_STEP_ERRORS))
+def test_a_script_that_fails_at_the_same_step_on_every_try_stops_at_the_second(
+    tmp_path: Path, failure: str
+) -> None:
     script = tmp_path / "train.py"
-    script.write_text(BAD_BATCH_SCRIPT)
+    script.write_text(BAD_STEP_SCRIPT.format(failure=failure))
     code, reports, log = run_and_watch(tmp_path, ["python", str(script)], timeout=120)
     assert code == 93, log[-4000:]
     first, second = (tmp_path / "termination-log").read_text().splitlines()
     assert first == "FaultReason: DeterministicFailure"
-    prefix = (
-        "the training failed the same way after step 3 on 2 tries in a row: exit 1: ValueError: bad batch"
-    )
-    assert second.startswith(prefix), second
-    # Both tries' tracebacks end with the library's note; ft_launcher had 5 restarts left.
+    prefix = "the training failed the same way after step 3 on 2 tries in a row: exit 1: "
+    assert second.startswith(prefix + BAD_STEP_ERRORS[failure]), second
+    # Both tries' tracebacks end with the library's note. ft_launcher had 5 restarts left: stopped at
+    # the second try, or at the third when ft_launcher started it before rtj-launch's next read.
     assert log.count("rtj_trainer: failed after step 3") >= 2, log[-4000:]
     assert reports and max(r["ranks"]["restartCount"] for r in reports) <= 2

@@ -46,6 +46,7 @@ if _typing.TYPE_CHECKING:
     from rtj_trainer.library.checkpoint import CheckpointManager
     from rtj_trainer.library.drain import DrainRequest, install_drain_handler
     from rtj_trainer.library.env import JobSettings
+    from rtj_trainer.library.finite_loss import NonFiniteLossError
     from rtj_trainer.library.heartbeats import Heartbeats
     from rtj_trainer.library.in_process import wrap_in_process
     from rtj_trainer.library.node_faults import NodeFaults
@@ -72,6 +73,7 @@ __all__ = [
     "Heartbeats",
     "JobSettings",
     "NodeFaults",
+    "NonFiniteLossError",
     "Progress",
     "RecoveryEvent",
     "Reporter",
@@ -90,6 +92,7 @@ _EXPORTS: dict[str, str] = {
     "Heartbeats": "rtj_trainer.library.heartbeats",
     "JobSettings": "rtj_trainer.library.env",
     "NodeFaults": "rtj_trainer.library.node_faults",
+    "NonFiniteLossError": "rtj_trainer.library.finite_loss",
     "Progress": "rtj_trainer.library.progress",
     "RecoveryEvent": "rtj_trainer.library.progress",
     "Reporter": "rtj_trainer.library.progress",

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, SupportsFloat
 
 from rtj_trainer.library import drain as drain_mod
 from rtj_trainer.library import env as env_mod
-from rtj_trainer.library import failed_step, node_faults
+from rtj_trainer.library import failed_step, finite_loss, node_faults
 from rtj_trainer.library import progress as progress_mod
 
 if TYPE_CHECKING:
@@ -98,13 +98,16 @@ class Session:
         checkpoint_dir: str | os.PathLike[str] | None = None,
         keepalive: Callable[[], None] | None = None,
         commit_timeout_seconds: float = 600.0,
+        allow_non_finite_loss: bool = False,
     ) -> None:
         """``checkpoint_dir``: where :meth:`save` and :meth:`load` keep checkpoints (default: the
         job's, ``RTJ_CHECKPOINT_DIR``; neither: no checkpoints). ``keepalive``: called while the
         session waits for a checkpoint write or commit (e.g. ``rtj_trainer.Heartbeats``'s ``keepalive``,
         so ft_launcher does not take a rank waiting on a slow volume for a hung one).
         ``commit_timeout_seconds``: how long a drain or the end of the block waits for the last
-        checkpoint's commit."""
+        checkpoint's commit. ``allow_non_finite_loss``: report a NaN or infinite loss instead of
+        raising (a script that skips such steps itself, as a mixed-precision loss scaler does)."""
+        self._allow_non_finite_loss = allow_non_finite_loss
         self._checkpoint_dir_arg = None if checkpoint_dir is None else str(checkpoint_dir)
         self._keepalive = keepalive
         self._commit_timeout = commit_timeout_seconds
@@ -163,21 +166,26 @@ class Session:
         commits checkpoint writes that finished, and local rank 0 reports (at most once a second
         to the pod's endpoint, at once on a commit or a recovery). ``loss``: a number or a
         one-element tensor (a CUDA tensor synchronizes: pass a float you already have when that
-        matters). ``samples``, ``tokens``: what this step trained on across the whole job (the global
-        batch: the same on every rank, as the operator shows a node's report as the job's), whole
-        numbers >= 0; the report carries their totals and their rate over the recent useful step time,
-        once given (docs/library.md, "Samples and tokens").
+        matters). A NaN or infinite ``loss`` raises :class:`rtj_trainer.NonFiniteLossError` before
+        the step counts (unless the session allows it), so the block ends and the ranks resume from
+        the last checkpoint, which the bad step never reached. ``samples``, ``tokens``: what this
+        step trained on across the whole job (the global batch: the same on every rank, as the
+        operator shows a node's report as the job's), whole numbers >= 0; the report carries their
+        totals and their rate over the recent useful step time, once given (docs/library.md,
+        "Samples and tokens").
         """
         self._require_started()
+        value = _loss_value(loss)
+        if value is not None and not self._allow_non_finite_loss:
+            finite_loss.NonFiniteLossError.check(step, value)  # before the step counts: never trained on
         compute = self._clock.lap()
         p = self._progress
         p.count_work(compute, samples=samples, tokens=tokens)
         p.step = step
         p.step_time_seconds = compute
         p.useful_step_seconds += compute
-        if loss is not None:
-            detach = getattr(loss, "detach", None)  # a tensor: its value, without the autograd warning
-            p.loss = float(detach() if callable(detach) else loss)
+        if value is not None:
+            p.loss = value
         force = self._record_recovery(step)
         self._draining = self._agree_on_drain()
         if self._ckpt is not None and self._ckpt.poll():
@@ -549,6 +557,14 @@ class Session:
 
             dist.barrier()  # no rank saves into a directory that rank 0 is still discarding
         return step
+
+
+def _loss_value(loss: SupportsFloat | None) -> float | None:
+    """The loss as a float (a tensor's value without the autograd warning), or None."""
+    if loss is None:
+        return None
+    detach = getattr(loss, "detach", None)
+    return float(detach() if callable(detach) else loss)
 
 
 def _pending_fault(prior: Mapping[str, Any] | None, now: float) -> _Pending | None:

@@ -348,6 +348,9 @@ class Trainer:
                 logits.reshape(-1, self.cfg.vocab), targets.to(self.device).reshape(-1)
             )
             loss.backward()  # type: ignore[no-untyped-call]
+            loss_value = float(loss.item())
+            # Before the optimizer and the memory tier see the step: a NaN is never trained on or copied.
+            rtj_trainer.NonFiniteLossError.check(step + 1, loss_value)
             # The previous save's copy of the state must be complete before the state changes; it may
             # hand the copy to the writer's queue, so not half-way interrupted by a restart.
             with call_wrapper.atomic() if call_wrapper is not None else contextlib.nullcontext():
@@ -362,7 +365,6 @@ class Trainer:
             self._replicate(step + 1)
             if self.args.step_sleep > 0:
                 time.sleep(self.args.step_sleep)
-            loss_value = float(loss.item())
             step_seconds = time.perf_counter() - started
             self.memory.useful_seconds += step_seconds
             self.heartbeats.beat()

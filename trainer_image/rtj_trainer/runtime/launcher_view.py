@@ -389,23 +389,22 @@ def _failed_after_a_step(
 
 
 def repeated_failure(records: Iterable[RankRecord], *, step_pattern_set: bool) -> RepeatedFailure | None:
-    """The failure when the newest generations failed the same way after the same step (pure).
+    """The newest failure that ends :data:`DETERMINISTIC_FAILURE_TRIES` consecutive generations failing
+    the same way after the same step, or None (pure).
 
-    Judged like :func:`startup_failure`, after every read of the records, on the newest
-    :data:`DETERMINISTIC_FAILURE_TRIES` generations: a failure at another step, or another failure
-    in between, starts the count again.
+    A failure at another step, or another failure in between, starts the count again. Every run of
+    consecutive generations is judged, not only the newest: a script that fails within a second is
+    restarted by ft_launcher before rtj-launch's next read, so the generation after the two may be
+    running already; it is the third try, and the two before it decided.
     """
-    gens = generations(records)
-    if len(gens) < DETERMINISTIC_FAILURE_TRIES:
-        return None
-    outcomes = [
-        _failed_after_a_step(g, step_pattern_set=step_pattern_set)
-        for g in gens[-DETERMINISTIC_FAILURE_TRIES:]
-    ]
-    last = outcomes[-1]
-    if last is None or any(outcome is None or not outcome.same_as(last) for outcome in outcomes):
-        return None
-    return last
+    outcomes = [_failed_after_a_step(g, step_pattern_set=step_pattern_set) for g in generations(records)]
+    tries = DETERMINISTIC_FAILURE_TRIES
+    for end in range(len(outcomes), tries - 1, -1):
+        run = outcomes[end - tries : end]
+        last = run[-1]
+        if last is not None and all(outcome is not None and outcome.same_as(last) for outcome in run):
+            return last
+    return None
 
 
 def merge(
