@@ -1,7 +1,8 @@
 """The library's checkpoints and drains across two ranks (gloo on the CPU, two processes per run, an
 FSDP2 model): an async sharded save commits and loads back into a freshly sharded model and its
-optimizer (``load(like=...)`` rebuilds the DTensors), and a SIGTERM on one rank's pod drains both:
-each commits the current step and exits with its drain code."""
+optimizer (``load(like=...)`` rebuilds the DTensors), a SIGTERM on one rank's pod drains both:
+each commits the current step and exits with its drain code, and a byte flipped in one rank's shard
+of that checkpoint makes both ranks fall back to the one before it."""
 
 from __future__ import annotations
 
@@ -67,6 +68,13 @@ def main(phase, out):
             session.save(2, state())
             torch.save(local(state()), out / f"expected-{rank}.pt")
             return
+        if phase == "fallback":
+            start, restored = session.load(like=state())
+            set_state_dict(model, opt, model_state_dict=restored["model"], optim_state_dict=restored["optim"])
+            expected = torch.load(out / f"expected-{rank}.pt", weights_only=True)
+            same = all(torch.equal(local(state())["model"][k], v) for k, v in expected["model"].items())
+            (out / f"fallback-{rank}.json").write_text(json.dumps({"start": start, "same": same}))
+            return
         start, restored = session.load(like=state())
         set_state_dict(model, opt, model_state_dict=restored["model"], optim_state_dict=restored["optim"])
         expected = torch.load(out / f"expected-{rank}.pt", weights_only=True)
@@ -100,13 +108,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run_two_ranks(script: Path, phase: str, directory: Path, extra_env: dict[str, str]) -> list[int]:
+def _run_two_ranks(
+    script: Path, phase: str, directory: Path, extra_env: dict[str, str], pods: str = "pod"
+) -> list[int]:
     port = _free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("RTJ_")}
     procs = []
     for rank in (0, 1):
         # Each rank is local rank 0 of its own pod, as on two nodes; only rank 0's pod drains.
-        pod = directory / f"pod-{rank}"
+        pod = directory / f"{pods}-{rank}"
         pod.mkdir(exist_ok=True)
         env = {
             **base,
@@ -145,8 +155,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     saved = _run_two_ranks(script, "save", directory, {"RTJ_CHECKPOINT_MODE": "Async"})
     (directory / "pod-0" / "drain").touch()  # rtj-launch marks the drain before it forwards SIGTERM
     drained = _run_two_ranks(script, "resume", directory, {"RTJ_CHECKPOINT_MODE": "Sync"})
+    drain_checkpoint = checkpoint.newest_complete(directory / "checkpoints", 2)
+    if drain_checkpoint is not None:  # the drain test says why not otherwise
+        (directory / "drain-checkpoint.json").write_text(json.dumps({"step": drain_checkpoint.step}))
+        shard = checkpoint.shard_path(directory / "checkpoints", drain_checkpoint.step, 1)
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01  # one bit of rank 1's shard, as a failing disk or a bad copy does
+        shard.write_bytes(bytes(data))
+    fell_back = _run_two_ranks(script, "fallback", directory, {"RTJ_CHECKPOINT_MODE": "Sync"}, pods="new-pod")
     logs = {p.name: p.read_text() for p in directory.glob("*.log")}
-    return {"dir": directory, "saved": saved, "drained": drained, "logs": logs}
+    return {"dir": directory, "saved": saved, "drained": drained, "fell_back": fell_back, "logs": logs}
 
 
 def _json(path: Path) -> Any:
@@ -170,8 +188,8 @@ def test_a_drain_commits_the_current_step_on_every_rank_and_exits_with_its_code(
 ) -> None:
     directory: Path = runs["dir"]
     assert runs["drained"] == [drain.DRAINED_EXIT_CODE, drain.PEER_DRAINED_EXIT_CODE], runs["logs"]
-    newest = checkpoint.newest_complete(directory / "checkpoints", 2)
-    assert newest is not None and newest.step == 3
+    # The newest checkpoint when the drained run ended (the fallback run set it aside afterwards).
+    assert _json(directory / "drain-checkpoint.json") == {"step": 3}
     # The drained pod's rank tells rtj-launch the committed step (its termination message); the peer not.
     assert drain.step_file(directory / "pod-0" / "drain").read_text() == "3"
     assert not drain.step_file(directory / "pod-1" / "drain").exists()
@@ -180,13 +198,37 @@ def test_a_drain_commits_the_current_step_on_every_rank_and_exits_with_its_code(
     assert "rtj-drain: rank=0 step=3 committed=True" in runs["logs"]["resume-0.log"]
 
 
+@pytest.mark.slow
+def test_a_flipped_byte_in_one_ranks_shard_makes_every_rank_fall_back_to_the_checkpoint_before(
+    runs: dict[str, Any],
+) -> None:
+    directory: Path = runs["dir"]
+    assert runs["fell_back"] == [0, 0], runs["logs"]
+    corrupt = _json(directory / "drain-checkpoint.json")["step"]
+    for rank in (0, 1):
+        # Step 2's state, as saved: the drain's step 3 is not read on either rank.
+        assert _json(directory / f"fallback-{rank}.json") == {"start": 2, "same": True}, runs["logs"]
+    assert "is corrupt: CRC-32" in runs["logs"]["fallback-1.log"]
+    assert "is corrupt" not in runs["logs"]["fallback-0.log"]  # rank 0's shard was intact
+    # Set aside by rank 0, not deleted, and no longer a checkpoint.
+    assert [p.name.split("-17")[0] for p in (directory / "checkpoints").glob("corrupt-*")] == [
+        f"corrupt-step-{corrupt:09d}"
+    ]
+    assert checkpoint.newest_complete(directory / "checkpoints", 2).step == 2  # type: ignore[union-attr]
+
+
+def _one_rank_outside_a_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No contract variable, no process group: one rank, synchronous saves."""
+    for name in [n for n in os.environ if n.startswith("RTJ_") or n in ("RANK", "WORLD_SIZE", "LOCAL_RANK")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("RTJ_CHECKPOINT_MODE", "Sync")
+
+
 def test_one_rank_round_trip_and_a_state_that_cannot_be_saved(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Outside a pod, with a checkpoint directory given: checkpoints work, nothing is reported.
-    for name in [n for n in os.environ if n.startswith("RTJ_") or n in ("RANK", "WORLD_SIZE")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("RTJ_CHECKPOINT_MODE", "Sync")
+    _one_rank_outside_a_pod(monkeypatch)
     state: dict[str, Any] = {
         "w": torch.arange(6.0).reshape(2, 3),
         "groups": [{"lr": 0.1, "betas": (0.9, 0.99)}],
@@ -212,9 +254,7 @@ def test_samples_and_tokens_resume_from_the_checkpoint_not_from_the_crashed_proc
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One rank in a pod: the steps after the checkpoint are redone after the crash, not counted twice.
-    for name in [n for n in os.environ if n.startswith("RTJ_") or n in ("RANK", "WORLD_SIZE", "LOCAL_RANK")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("RTJ_CHECKPOINT_MODE", "Sync")
+    _one_rank_outside_a_pod(monkeypatch)
     monkeypatch.setenv("RTJ_CHECKPOINT_DIR", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("RTJ_PROGRESS_FILE", str(tmp_path / "progress.json"))
     with pytest.raises(RuntimeError, match="crash"), rtj_trainer.Session() as session:
@@ -231,3 +271,21 @@ def test_samples_and_tokens_resume_from_the_checkpoint_not_from_the_crashed_proc
         session.step(start + 1, samples=8, tokens=64)
     resumed = json.loads((tmp_path / "progress.json").read_text())
     assert (start, resumed["step"], resumed["samples"], resumed["tokens"]) == (2, 3, 24, 192)
+
+
+def test_a_session_resumes_from_the_newest_checkpoint_that_verifies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _one_rank_outside_a_pod(monkeypatch)
+    with rtj_trainer.Session(checkpoint_dir=tmp_path) as session:
+        for step in (2, 4):
+            session.save(step, {"w": torch.full((8,), float(step))})
+    shard = checkpoint.shard_path(tmp_path, 4, 0)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with rtj_trainer.Session(checkpoint_dir=tmp_path) as session:
+        step, state = session.load()
+    assert step == 2 and state is not None and torch.equal(state["w"], torch.full((8,), 2.0))
+    assert [c.step for c in checkpoint.list_checkpoints(tmp_path)] == [2]
+    assert [p.name.rsplit("-", 1)[0] for p in tmp_path.glob("corrupt-*")] == ["corrupt-step-000000004"]

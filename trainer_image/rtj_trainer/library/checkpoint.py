@@ -4,13 +4,19 @@ Layout under ``$RTJ_CHECKPOINT_DIR`` (a volume every pod of the job mounts)::
 
     step-000000100/
         rank-00000.pt     one rank's local shards (written by that rank's async writer, fsynced)
-        rank-00000.done   written by the rank once its write was finalized: the shard is durable
+        rank-00000.done   written by the rank once its write was finalized: the shard is durable;
+                          it holds the shard's size and CRC-32, as the rank read it back
         ...
         COMMITTED         written last, by rank 0, via rename, once every rank's .done exists
 
 Resume picks the newest directory with ``COMMITTED`` and a matching world size, so a save cut short
-by a fault (a missing shard, a torn file without its ``.done``) is never read. Rank 0 prunes all but
-the newest ``keep`` committed directories and any partial one older than the newest commit.
+by a fault (a missing shard, a torn file without its ``.done``) is never read. Before a rank loads
+its shard, :meth:`CheckpointManager.verify` reads it again against the size and CRC-32 of its
+``.done`` (``torch.load`` reads a flipped byte without a word); the ranks agree, and a checkpoint
+with a corrupt shard on any rank is set aside by rank 0 (:meth:`CheckpointManager.quarantine`:
+renamed ``corrupt-step-...``, kept for a look, never read again) and the ranks fall back to the
+one before it. Rank 0 prunes all but the newest ``keep`` committed directories and any partial one
+older than the newest commit.
 
 Saves copy the state into a staging buffer of preallocated shared-memory CPU tensors before the
 writer process sees it: the writer then reads bytes equal to the state at the save call while
@@ -43,6 +49,7 @@ import os
 import re
 import shutil
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -56,6 +63,10 @@ from rtj_trainer.library.nvrx_compat import AsyncWriter, write_shard_durably
 log = logging.getLogger(__name__)
 
 COMMIT_MARKER: Final = "COMMITTED"
+# A checkpoint with a corrupt shard is renamed with this prefix (CheckpointManager.quarantine).
+CORRUPT_PREFIX: Final = "corrupt-"
+# How much of a shard is read at a time for its CRC-32.
+_CRC_CHUNK_BYTES: Final = 8 << 20
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _DONE_FILE = re.compile(r"^rank-(\d+)\.done$")
 _T = TypeVar("_T")
@@ -71,6 +82,16 @@ def shard_path(root: Path, step: int, rank: int) -> Path:
 
 def done_path(root: Path, step: int, rank: int) -> Path:
     return step_dir(root, step) / f"rank-{rank:05d}.done"
+
+
+def file_crc32(path: Path) -> tuple[int, int]:
+    """(CRC-32, size in bytes) of the file: zlib's, a few GB/s, reading it in chunks."""
+    crc, size = 0, 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CRC_CHUNK_BYTES):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+    return crc, size
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -561,8 +582,9 @@ class CheckpointManager:
         }
 
     def _mark_done(self, step: int) -> None:
-        record = {"rank": self.rank, "worldSize": self.world_size, "time": time.time()}
+        record: dict[str, Any] = {"rank": self.rank, "worldSize": self.world_size, "time": time.time()}
         try:
+            record["crc32"], record["bytes"] = file_crc32(shard_path(self.root, step, self.rank))
             _write_atomically(done_path(self.root, step, self.rank), json.dumps(record))
         except FileNotFoundError:
             # The directory was discarded (a resume chose an older checkpoint): nothing to mark.
@@ -721,6 +743,37 @@ class CheckpointManager:
             commit_ready(self.root)
         info = newest_complete(self.root, self.world_size)
         return -1 if info is None else info.step
+
+    def verify(self, step: int) -> str | None:
+        """Why this rank's shard of ``step`` cannot be trusted, or None: its size and CRC-32 now,
+        against what its ``.done`` recorded when it was written (a ``.done`` without them, written
+        by a library before 0.4.0, is trusted)."""
+        shard = shard_path(self.root, step, self.rank)
+        try:
+            record = json.loads(done_path(self.root, step, self.rank).read_text())
+            if "crc32" not in record:
+                return None
+            crc, size = file_crc32(shard)
+        except (OSError, ValueError) as error:
+            return f"checkpoint shard {shard} of step {step} cannot be read: {error}"
+        if (crc, size) != (record["crc32"], record.get("bytes")):
+            return (
+                f"checkpoint shard {shard} of step {step} is corrupt: CRC-32 {crc:08x} over {size} bytes, "
+                f"written as {int(record['crc32']):08x} over {record.get('bytes')} bytes"
+            )
+        return None
+
+    def quarantine(self, step: int) -> Path | None:
+        """Set the checkpoint of ``step`` aside (rank 0, when a rank found its shard corrupt): renamed
+        ``corrupt-step-...`` in place, no longer a checkpoint to resume from or to prune."""
+        source = step_dir(self.root, step)
+        target = source.with_name(f"{CORRUPT_PREFIX}{source.name}-{int(time.time())}")
+        try:
+            source.rename(target)
+        except FileNotFoundError:
+            return None
+        _fsync_dir(self.root)
+        return target
 
     def load(self, step: int) -> tuple[CheckpointInfo, dict[str, Any]]:
         """This rank's shard of the committed checkpoint ``step``."""

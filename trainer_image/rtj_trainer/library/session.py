@@ -251,7 +251,7 @@ class Session:
         if manager is None:
             self._resumed = (0, "scratch")
             return 0, None
-        step = self._agreed_newest_step(manager)
+        step = self._verified(manager, self._agreed_newest_step(manager))
         if step < 0:
             self._resumed = (0, "scratch")
             self._progress.useful_step_seconds = 0.0
@@ -531,6 +531,21 @@ class Session:
         )
         return self._ckpt
 
+    def _verified(self, manager: CheckpointManager, step: int) -> int:
+        """`step`, or the newest checkpoint before it whose every shard verifies
+        (`CheckpointManager.verify`): one with a corrupt shard on any rank is set aside by the
+        committer (`quarantine`) and the ranks agree again."""
+        while step >= 0:
+            problem = manager.verify(step)
+            if problem is not None:
+                log.error("%s: falling back to the checkpoint before it", problem)
+            if _on_every_rank(problem is None):
+                return step
+            if manager.is_committer:
+                manager.quarantine(step)
+            step = self._agreed_newest_step(manager)
+        return step
+
     def _agreed_newest_step(self, manager: CheckpointManager) -> int:
         """The newest complete checkpoint, the same on every rank (-1: none); partial saves newer
         than it, left by the failed attempt, are discarded (their stale ``.done`` files would let
@@ -557,6 +572,18 @@ class Session:
 
             dist.barrier()  # no rank saves into a directory that rank 0 is still discarding
         return step
+
+
+def _on_every_rank(true_here: bool) -> bool:
+    """Whether `true_here` holds on every rank (one small all-reduce in a process group)."""
+    if _world_size() == 1:
+        return true_here
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if true_here else 0], dtype=torch.long, device=_collective_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(int(flag[0]))
 
 
 def _loss_value(loss: SupportsFloat | None) -> float | None:

@@ -466,16 +466,7 @@ class Trainer:
         # and no writer may still be writing into a directory that rank 0 discards below. (Resuming
         # from memory does not wait: the save goes on in the background.)
         self.ckpt.wait(timeout=None)
-        dist.barrier()
-        newest = torch.tensor(
-            [self.ckpt.newest_step() if self.rank == 0 else -1], dtype=torch.long, device=self.device
-        )
-        dist.all_reduce(newest, op=dist.ReduceOp.MAX)
-        step = int(newest[0])
-        if self.rank == 0:
-            # Partial saves newer than the resume point belong to the failed attempt. Their stale
-            # .done files must not let the next save of the same step commit before it is written.
-            self.ckpt.discard_partials_after(step)
+        step = self._newest_verified_checkpoint()
         if step < 0:
             mem.useful_seconds = 0.0
             mem.step = 0
@@ -487,6 +478,32 @@ class Trainer:
         self.progress.last_checkpoint_step = info.step
         self.progress.last_checkpoint_time = info.time
         return step, "checkpoint"
+
+    def _newest_verified_checkpoint(self) -> int:
+        """The newest checkpoint every rank's shard of which verifies (-1: none), agreed: one with a
+        corrupt shard on any rank is set aside by rank 0 and the ranks agree on the one before it."""
+        while True:
+            dist.barrier()
+            newest = torch.tensor(
+                [self.ckpt.newest_step() if self.rank == 0 else -1], dtype=torch.long, device=self.device
+            )
+            dist.all_reduce(newest, op=dist.ReduceOp.MAX)
+            step = int(newest[0])
+            if self.rank == 0:
+                # Partial saves newer than the resume point belong to the failed attempt. Their stale
+                # .done files must not let the next save of the same step commit before it is written.
+                self.ckpt.discard_partials_after(step)
+            if step < 0:
+                return step
+            problem = self.ckpt.verify(step)
+            if problem is not None:
+                log.error("%s: falling back to the checkpoint before it", problem)
+            intact = torch.tensor([0 if problem else 1], dtype=torch.long, device=self.device)
+            dist.all_reduce(intact, op=dist.ReduceOp.MIN)
+            if int(intact[0]) == 1:
+                return step
+            if self.rank == 0:
+                self.ckpt.quarantine(step)
 
     def _maybe_record_recovery(self, resumed_step: int, source: str) -> bool:
         if self.pending is None:
