@@ -189,6 +189,28 @@ def test_plan_for_a_world_of_one() -> None:
     assert plan_resume([report(0, -1)]).source == "checkpoint"
 
 
+def test_a_replica_whose_bytes_changed_while_held_is_never_offered_for_a_resume(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A held replica as replicate() keeps it (its CRC-32 taken on arrival), in a world of one so
+    # that gather_reports' all_gather is the real one.
+    payload, layout = replica.flatten(state_of(0, 3))
+    tier = replica.MemoryTier(stride=STRIDE)
+    tier.replica = replica.Replica(3, 0, 1, payload, layout.encode(), replica.crc32(payload))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        [intact] = replica.gather_reports(tier, -1, 0, 1, torch.device("cpu"))
+        assert (intact.replica_of, intact.replica_step) == (0, 3)
+        payload[payload.numel() // 2] ^= 1  # one bit, as a failing DIMM or a buffer reused too early
+        [corrupt] = replica.gather_reports(tier, -1, 0, 1, torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    assert (corrupt.replica_of, corrupt.replica_step) == (-1, -1)
+    assert "the replica of index 0 at step 3 is corrupt" in caplog.text
+    # Without it nobody holds index 0's state: the resume comes from the checkpoint.
+    assert plan_resume([corrupt]).source == "checkpoint"
+
+
 def test_plan_rejects_reports_out_of_order() -> None:
     with pytest.raises(ValueError, match=r"indices 0\.\.1 in order"):
         plan_resume([report(1, 3), report(0, 3)])

@@ -13,7 +13,10 @@ Three layers, I/O at the edges:
   and shapes as one contiguous ``uint8`` buffer and back. The layout orders tensors by name, so it
   is the same for the same model, rank and world size on any process.
 * :class:`MemoryTier`: the replica a rank holds. :meth:`MemoryTier.replicate` is a collective of
-  the group; the held replica changes in one assignment, only once a new one arrived completely.
+  the group; the held replica changes in one assignment, only once a new one arrived completely,
+  with the CRC-32 of its bytes as they arrived: a replica whose bytes changed while it was held (a
+  bit flipped in host memory, a buffer reused too early) is never reported for a resume
+  (:func:`gather_reports` checks it), so a resume falls back to the checkpoint instead.
 * :func:`plan_resume` (pure) decides from every rank's :class:`RankReport` (gathered by
   :func:`gather_reports`) whether the world resumes from memory, and which holder sends which
   replica to which rank; :func:`execute_transfers` moves them.
@@ -28,12 +31,16 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import logging
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
 
 ALIGNMENT = 64
 """Bytes every tensor's offset in a flat buffer is a multiple of (any dtype can be viewed there)."""
@@ -107,6 +114,11 @@ def _dtype(name: str) -> torch.dtype:
 
 def _slot(flat: torch.Tensor, entry: Entry) -> torch.Tensor:
     return flat[entry.offset : entry.offset + entry.nbytes].view(entry.dtype).view(entry.shape)
+
+
+def crc32(flat: torch.Tensor) -> int:
+    """The CRC-32 of a host ``uint8`` buffer's bytes (zlib's, over a view: no copy)."""
+    return zlib.crc32(flat.numpy().data)
 
 
 def _host_bytes(nbytes: int) -> torch.Tensor:
@@ -236,10 +248,15 @@ class Replica:
     world_size: int
     payload: torch.Tensor
     encoded_layout: torch.Tensor
+    crc32: int  # of ``payload`` as it arrived
 
     @property
     def layout(self) -> Layout:
         return Layout.decode(self.encoded_layout)
+
+    def intact(self) -> bool:
+        """Whether its bytes are still those that arrived (one pass of CRC-32 over them)."""
+        return crc32(self.payload) == self.crc32
 
 
 class MemoryTier:
@@ -308,7 +325,7 @@ class MemoryTier:
         if incoming is not spare:
             spare.copy_(incoming)
         previous = self.replica
-        self.replica = Replica(step, source, world, spare, incoming_layout.cpu())
+        self.replica = Replica(step, source, world, spare, incoming_layout.cpu(), crc32(spare))
         assert self._layout is not None
         self.own = OwnSnapshot(step, rank, world, send, self._layout)
         self._spare = previous.payload if previous is not None else None
@@ -452,9 +469,10 @@ def gather_reports(
 ) -> list[RankReport]:
     """Collective of ``group`` (one ``all_gather``): every rank's :class:`RankReport`. ``live_step``:
     the step of this rank's consistent state of index ``rank`` in this world, or -1. A replica taken
-    in a world of another size is not reported (its indices meant other ranks)."""
+    in a world of another size is not reported (its indices meant other ranks), nor one whose bytes
+    changed since they arrived (:meth:`Replica.intact`)."""
     replica = tier.replica
-    usable = replica is not None and replica.world_size == world
+    usable = replica is not None and replica.world_size == world and _intact(replica)
     of_index, replica_step = (replica.of_index, replica.step) if usable and replica is not None else (-1, -1)
     own = tier.own
     own_step = own.step if own is not None and (own.index, own.world_size) == (rank, world) else -1
@@ -462,6 +480,18 @@ def gather_reports(
     gathered = [torch.empty(REPORT_FIELDS, dtype=torch.long, device=device) for _ in range(world)]
     dist.all_gather(gathered, mine, group=group)
     return [RankReport(*(int(v) for v in t.tolist())) for t in gathered]
+
+
+def _intact(replica: Replica) -> bool:
+    if replica.intact():
+        return True
+    log.error(
+        "the replica of index %d at step %d is corrupt (its CRC-32 changed since it arrived): "
+        "not offered for a resume",
+        replica.of_index,
+        replica.step,
+    )
+    return False
 
 
 def execute_transfers(
