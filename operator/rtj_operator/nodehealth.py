@@ -26,7 +26,8 @@ docs/operations.md ("Node health signals") lists every signal and its default.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from functools import cached_property
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -138,32 +139,45 @@ class NodeHealth(BaseModel):
     def is_permanent(self, signal: str) -> bool:
         return signal in self.permanent
 
+    @cached_property
+    def _planned_taints(self) -> frozenset[str]:
+        return disruptions.NODE_TAINTS.union(self.disruption_taints, self.notice_taints)
+
+    @cached_property
+    def _notice_taints(self) -> frozenset[str]:
+        return disruptions.MOVING_TAINTS.union(self.notice_taints)
+
     def planned_taint(self, keys: Iterable[str]) -> str | None:
         """The first of a node's taint keys that marks a planned disruption (built-in or configured)."""
-        planned = disruptions.NODE_TAINTS.union(self.disruption_taints, self.notice_taints)
-        return next((key for key in keys if key in planned), None)
+        return next((key for key in keys if key in self._planned_taints), None)
 
     def notice_taint(self, keys: Iterable[str]) -> str | None:
         """The first of a node's taint keys that says the node goes within minutes."""
-        notices = disruptions.MOVING_TAINTS.union(self.notice_taints)
-        return next((key for key in keys if key in notices), None)
+        return next((key for key in keys if key in self._notice_taints), None)
 
     def planned_label(self, labels: Mapping[str, str]) -> str | None:
         """`key=value` of the first node label that marks a planned disruption (a notice included)."""
-        return matching_label(labels, self.disruption_labels) or self.notice_label(labels)
+        return _first(matching_labels(labels, self.disruption_labels)) or self.notice_label(labels)
 
     def notice_label(self, labels: Mapping[str, str]) -> str | None:
         """`key=value` of the first node label that says the node goes within minutes."""
-        return matching_label(labels, self.notice_labels)
+        return _first(matching_labels(labels, self.notice_labels))
 
 
-def matching_label(labels: Mapping[str, str], wanted: Mapping[str, tuple[str, ...]]) -> str | None:
-    """`key=value` of the first label (by key) in `wanted` whose value it lists (any, for an empty list)."""
+def matching_labels(
+    labels: Mapping[str, str], wanted: Mapping[str, tuple[str, ...]]
+) -> Iterator[tuple[str, str]]:
+    """(key, value) of each node label, by key, that `wanted` lists with its value (any value, for
+    an empty list): the one rule every label setting is judged by."""
     for key, values in sorted(wanted.items()):
         value = labels.get(key)
         if value is not None and (not values or value in values):
-            return f"{key}={value}"
-    return None
+            yield key, value
+
+
+def _first(found: Iterator[tuple[str, str]]) -> str | None:
+    key_value = next(found, None)
+    return None if key_value is None else f"{key_value[0]}={key_value[1]}"
 
 
 class NodeHealthError(ValueError):

@@ -26,6 +26,7 @@ from rtj_operator.nodehealth import (
     SIGNAL_INSUFFICIENT_ALLOCATABLE,
     SIGNAL_TRAINER_REPORTED,
     NodeHealth,
+    matching_labels,
 )
 from rtj_operator.progress import ProgressReport, RestartOffset, parse_time
 
@@ -461,13 +462,11 @@ def node_health_problem(node: NodeState, health: NodeHealth) -> NodeProblem | No
             detail = ": ".join(part for part in (condition.reason, condition.message) if part)
             message = f"node {node.name} has the condition {kind}={unhealthy}"
             return _signal(health, kind, f"{message} ({detail})" if detail else message)
-    for key, values in sorted(health.labels.items()):
-        value = node.labels.get(key)
-        if value is None or (values and value not in values):
-            continue
+    for key, value in matching_labels(node.labels, health.labels):
         # A planned disruption's label is never a fault, even if the settings list it as one too.
         if health.planned_label({key: value}) is None:
-            return _signal(health, value if values else key, f"node {node.name} has the label {key}={value}")
+            name = value if health.labels[key] else key
+            return _signal(health, name, f"node {node.name} has the label {key}={value}")
     for taint in node.taints:
         # A planned disruption's taint is never a fault, even if the settings list it.
         if taint.key in health.taints and health.planned_taint([taint.key]) is None:

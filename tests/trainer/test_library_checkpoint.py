@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import rtj_trainer
 import torch
+from file_faults import flip_a_bit
 from rtj_trainer.library import checkpoint, drain
 
 SCRIPT = r"""
@@ -158,10 +159,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     drain_checkpoint = checkpoint.newest_complete(directory / "checkpoints", 2)
     if drain_checkpoint is not None:  # the drain test says why not otherwise
         (directory / "drain-checkpoint.json").write_text(json.dumps({"step": drain_checkpoint.step}))
-        shard = checkpoint.shard_path(directory / "checkpoints", drain_checkpoint.step, 1)
-        data = bytearray(shard.read_bytes())
-        data[len(data) // 2] ^= 0x01  # one bit of rank 1's shard, as a failing disk or a bad copy does
-        shard.write_bytes(bytes(data))
+        flip_a_bit(checkpoint.shard_path(directory / "checkpoints", drain_checkpoint.step, 1))  # rank 1's
     fell_back = _run_two_ranks(script, "fallback", directory, {"RTJ_CHECKPOINT_MODE": "Sync"}, pods="new-pod")
     logs = {p.name: p.read_text() for p in directory.glob("*.log")}
     return {"dir": directory, "saved": saved, "drained": drained, "fell_back": fell_back, "logs": logs}
@@ -280,10 +278,7 @@ def test_a_session_resumes_from_the_newest_checkpoint_that_verifies(
     with rtj_trainer.Session(checkpoint_dir=tmp_path) as session:
         for step in (2, 4):
             session.save(step, {"w": torch.full((8,), float(step))})
-    shard = checkpoint.shard_path(tmp_path, 4, 0)
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    shard.write_bytes(bytes(data))
+    flip_a_bit(checkpoint.shard_path(tmp_path, 4, 0))
     with rtj_trainer.Session(checkpoint_dir=tmp_path) as session:
         step, state = session.load()
     assert step == 2 and state is not None and torch.equal(state["w"], torch.full((8,), 2.0))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from file_faults import flip_a_bit
 from rtj_trainer.library import checkpoint
 from rtj_trainer.rehearsal import checkpoint_drill
 
@@ -100,16 +101,10 @@ def _two_saves(root: Path) -> checkpoint.CheckpointManager:
     return manager
 
 
-def _flip_a_bit(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
 def test_a_shard_is_verified_against_the_size_and_crc_its_rank_recorded(tmp_path: Path) -> None:
     manager = _two_saves(tmp_path)
     assert manager.verify(2) is None and manager.verify(4) is None
-    _flip_a_bit(checkpoint.shard_path(tmp_path, 4, 0))
+    flip_a_bit(checkpoint.shard_path(tmp_path, 4, 0))
     problem = manager.verify(4)
     assert problem is not None and "step 4 is corrupt: CRC-32" in problem
     # torch.load itself would have read it without a word: what verify() is for.
@@ -131,7 +126,7 @@ def test_rtj_trains_restore_sets_a_corrupt_checkpoint_aside_and_falls_back(tmp_p
     from rtj_trainer.reference.train import Trainer
 
     manager = _two_saves(tmp_path)
-    _flip_a_bit(checkpoint.shard_path(tmp_path, 4, 0))
+    flip_a_bit(checkpoint.shard_path(tmp_path, 4, 0))
     trainer = Trainer.__new__(Trainer)  # only what the restore's agreement uses
     trainer.ckpt, trainer.rank, trainer.device = manager, 0, torch.device("cpu")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

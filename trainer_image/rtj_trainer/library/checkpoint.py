@@ -744,6 +744,28 @@ class CheckpointManager:
         info = newest_complete(self.root, self.world_size)
         return -1 if info is None else info.step
 
+    def newest_verified_step(
+        self, agree_on_newest: Callable[[], int], on_every_rank: Callable[[bool], bool]
+    ) -> int:
+        """The newest checkpoint the ranks agree on whose every rank's shard verifies (-1: none).
+
+        ``agree_on_newest`` (a collective): the newest complete step, the same on every rank;
+        ``on_every_rank`` (a collective): whether a flag holds on every rank. A checkpoint with a
+        corrupt shard on any rank is set aside by the committer (:meth:`quarantine`) and the ranks
+        agree again, on the one before it.
+        """
+        step = agree_on_newest()
+        while step >= 0:
+            problem = self.verify(step)
+            if problem is not None:
+                log.error("%s: falling back to the checkpoint before it", problem)
+            if on_every_rank(problem is None):
+                return step
+            if self.is_committer:
+                self.quarantine(step)
+            step = agree_on_newest()
+        return step
+
     def verify(self, step: int) -> str | None:
         """Why this rank's shard of ``step`` cannot be trusted, or None: its size and CRC-32 now,
         against what its ``.done`` recorded when it was written (a ``.done`` without them, written

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Final
 
 NOTE_PREFIX: Final = "rtj_trainer: failed after step "
-_NOTE_LINE: Final = re.compile(r"^rtj_trainer: failed after step (\d+)$")
+_NOTE_LINE: Final = re.compile("^" + re.escape(NOTE_PREFIX) + r"(\d+)$")
 
 
 def note(step: int) -> str:

@@ -251,7 +251,7 @@ class Session:
         if manager is None:
             self._resumed = (0, "scratch")
             return 0, None
-        step = self._verified(manager, self._agreed_newest_step(manager))
+        step = manager.newest_verified_step(lambda: self._agreed_newest_step(manager), _on_every_rank)
         if step < 0:
             self._resumed = (0, "scratch")
             self._progress.useful_step_seconds = 0.0
@@ -530,21 +530,6 @@ class Session:
             keepalive=self._keepalive,
         )
         return self._ckpt
-
-    def _verified(self, manager: CheckpointManager, step: int) -> int:
-        """`step`, or the newest checkpoint before it whose every shard verifies
-        (`CheckpointManager.verify`): one with a corrupt shard on any rank is set aside by the
-        committer (`quarantine`) and the ranks agree again."""
-        while step >= 0:
-            problem = manager.verify(step)
-            if problem is not None:
-                log.error("%s: falling back to the checkpoint before it", problem)
-            if _on_every_rank(problem is None):
-                return step
-            if manager.is_committer:
-                manager.quarantine(step)
-            step = self._agreed_newest_step(manager)
-        return step
 
     def _agreed_newest_step(self, manager: CheckpointManager) -> int:
         """The newest complete checkpoint, the same on every rank (-1: none); partial saves newer

@@ -480,30 +480,28 @@ class Trainer:
         return step, "checkpoint"
 
     def _newest_verified_checkpoint(self) -> int:
-        """The newest checkpoint every rank's shard of which verifies (-1: none), agreed: one with a
-        corrupt shard on any rank is set aside by rank 0 and the ranks agree on the one before it."""
-        while True:
-            dist.barrier()
-            newest = torch.tensor(
-                [self.ckpt.newest_step() if self.rank == 0 else -1], dtype=torch.long, device=self.device
-            )
-            dist.all_reduce(newest, op=dist.ReduceOp.MAX)
-            step = int(newest[0])
-            if self.rank == 0:
-                # Partial saves newer than the resume point belong to the failed attempt. Their stale
-                # .done files must not let the next save of the same step commit before it is written.
-                self.ckpt.discard_partials_after(step)
-            if step < 0:
-                return step
-            problem = self.ckpt.verify(step)
-            if problem is not None:
-                log.error("%s: falling back to the checkpoint before it", problem)
-            intact = torch.tensor([0 if problem else 1], dtype=torch.long, device=self.device)
-            dist.all_reduce(intact, op=dist.ReduceOp.MIN)
-            if int(intact[0]) == 1:
-                return step
-            if self.rank == 0:
-                self.ckpt.quarantine(step)
+        """The newest checkpoint every rank's shard of which verifies (-1: none), agreed
+        (`CheckpointManager.newest_verified_step`)."""
+        return self.ckpt.newest_verified_step(self._agreed_newest_checkpoint, self._on_every_rank)
+
+    def _agreed_newest_checkpoint(self) -> int:
+        """Rank 0's newest complete checkpoint, on every rank (-1: none)."""
+        dist.barrier()
+        newest = torch.tensor(
+            [self.ckpt.newest_step() if self.rank == 0 else -1], dtype=torch.long, device=self.device
+        )
+        dist.all_reduce(newest, op=dist.ReduceOp.MAX)
+        step = int(newest[0])
+        if self.rank == 0:
+            # Partial saves newer than the resume point belong to the failed attempt. Their stale
+            # .done files must not let the next save of the same step commit before it is written.
+            self.ckpt.discard_partials_after(step)
+        return step
+
+    def _on_every_rank(self, true_here: bool) -> bool:
+        flag = torch.tensor([1 if true_here else 0], dtype=torch.long, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(int(flag[0]))
 
     def _maybe_record_recovery(self, resumed_step: int, source: str) -> bool:
         if self.pending is None:

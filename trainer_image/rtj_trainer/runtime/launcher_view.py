@@ -26,7 +26,7 @@ import json
 import re
 import signal
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from rtj_trainer.library import failed_step
 from rtj_trainer.library.progress import MAX_EVENTS, SCHEMA_VERSION, rfc3339
@@ -270,14 +270,8 @@ class StartupFailure:
 
     exit_code: int
     last_error_line: str
-
-    @property
-    def reason(self) -> str:
-        return STARTUP_FAILED_REASON
-
-    @property
-    def pod_exit_code(self) -> int:
-        return STARTUP_FAILURE_EXIT_CODE
+    # What rtj-launch exits with on this verdict.
+    pod_exit_code: ClassVar[int] = STARTUP_FAILURE_EXIT_CODE
 
     @property
     def message(self) -> str:
@@ -339,14 +333,8 @@ class RepeatedFailure:
     exit_code: int
     step: int
     error_line: str
-
-    @property
-    def reason(self) -> str:
-        return DETERMINISTIC_FAILURE_REASON
-
-    @property
-    def pod_exit_code(self) -> int:
-        return NO_RESTART_EXIT_CODE
+    # What rtj-launch exits with on this verdict.
+    pod_exit_code: ClassVar[int] = NO_RESTART_EXIT_CODE
 
     @property
     def message(self) -> str:
