@@ -47,8 +47,9 @@ $(PROMTOOL): scripts/install-prometheus.sh | $(STAMP)
 	scripts/install-prometheus.sh $(BIN)
 
 # The real Kubernetes control plane the local cluster runs (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl), built once from the Go modules pinned in
-# localcluster/controlplane/ into ~/.cache/rtj (see the script; KUBEBUILDER_ASSETS skips the build).
+# kube-controller-manager, kube-scheduler), built once from the Go modules pinned in
+# localcluster/controlplane/ into ~/.cache/rtj, with kubectl of the same version fetched beside them
+# (see the scripts; KUBEBUILDER_ASSETS skips the build).
 # kubectl of that version is linked into .venv/bin. The build needs nothing of .venv, so under
 # `make -j` it runs beside pip.
 control-plane-build:

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Builds the real Kubernetes control plane that the local cluster runs: etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler and kubectl, of the versions pinned by the wrapper Go
-# modules in localcluster/controlplane/ (go.mod + go.sum, so the build is reproducible), into
+# kube-controller-manager and kube-scheduler, of the versions pinned by the wrapper Go modules in
+# localcluster/controlplane/ (go.mod + go.sum, so the build is reproducible), and fetches kubectl of
+# the same version (scripts/install-kubectl.sh, while Go builds: it is the one published as a checked
+# binary where these machines reach), into
 #   ${RTJ_CACHE_DIR:-~/.cache/rtj}/control-plane-<kubernetes version>-etcd-<etcd version>/bin
 # A stamp holding the wrapper modules' digest makes a second run a no-op; Go's module and build
 # caches (GOMODCACHE, GOCACHE) make a rebuild after a change cheap.
@@ -39,7 +41,7 @@ ETCD_VERSION=$(version_of go.etcd.io/etcd/server/v3 "$MODULES/etcd/go.mod")
 
 CACHE=${RTJ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rtj}
 DEST="$CACHE/control-plane-$K8S_VERSION-etcd-$ETCD_VERSION"
-DIGEST=$(cat "$MODULES"/kubernetes/go.* "$MODULES"/etcd/go.* "$0" | sha256sum | cut -d' ' -f1)
+DIGEST=$(cat "$MODULES"/kubernetes/go.* "$MODULES"/etcd/go.* "$0" "$ROOT/scripts/install-kubectl.sh" | sha256sum | cut -d' ' -f1)
 if [ -f "$DEST/stamp" ] && [ "$(cat "$DEST/stamp")" = "$DIGEST" ]; then
     echo "$DEST/bin"
     exit 0
@@ -50,17 +52,20 @@ started=$(date +%s)
 MINOR=$(echo "$K8S_VERSION" | cut -d. -f2)
 LDFLAGS="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$MINOR -X k8s.io/component-base/version.gitTreeState=clean"
 echo "build-control-plane.sh: building Kubernetes $K8S_VERSION and etcd $ETCD_VERSION into $DEST/bin (a first build takes 10-30 minutes)" >&2
+"$ROOT/scripts/install-kubectl.sh" "$DEST/bin/kubectl" "$K8S_VERSION" &
+KUBECTL_FETCH=$!
 (
     cd "$MODULES/kubernetes"
     CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -tags selinux,notest -ldflags "$LDFLAGS" \
         -o "$DEST/bin/" \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-        k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+        k8s.io/kubernetes/cmd/kube-scheduler
 )
 (
     cd "$MODULES/etcd"
     CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w" -o "$DEST/bin/etcd" go.etcd.io/etcd/server/v3
 )
+wait "$KUBECTL_FETCH" || { echo "build-control-plane.sh: kubectl could not be installed" >&2; exit 1; }
 echo "$DIGEST" >"$DEST/stamp"
 echo "build-control-plane.sh: built in $(($(date +%s) - started)) s" >&2
 echo "$DEST/bin"
