@@ -8,6 +8,7 @@ outlives any rank, and the ranks write what they saw as JSON into the test's tem
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -184,6 +185,32 @@ def test_plan_rolls_survivors_back_to_their_snapshot_when_a_peer_was_lost_mid_ex
     assert plan_resume(newer) == ResumePlan("memory", 8, (Transfer(0, 2), Transfer(1, 3)))
 
 
+def test_plan_resumes_at_the_generation_before_when_an_exchange_was_cut_unevenly() -> None:
+    """Seen in `rtj demo` with two node losses: indices 2 and 3 (on a hot spare's pod since the first)
+    are at step 103 when worker 0's node, indices 0 and 1, goes in the middle of the exchange of step
+    103. Index 2 got index 0's replica of 103 (keeping 102 as the generation before); index 3 did not
+    get index 1's and holds its 102. No step has a source for every index in the newest generation;
+    at 102 every index has one: the replicas of 102 and the survivors' own snapshots."""
+    reports = [
+        RankReport(0, -1, -1, -1),
+        RankReport(1, -1, -1, -1),
+        RankReport(2, 103, 0, 103, own_step=103, previous_of=0, previous_step=102, previous_own_step=102),
+        RankReport(3, 103, 1, 102, own_step=102, previous_of=1, previous_step=101, previous_own_step=101),
+    ]
+    plan = plan_resume(reports)
+    assert plan == ResumePlan("memory", 102, (Transfer(2, 0), Transfer(3, 1)), snapshots=(2, 3))
+    # With only the newest generation (as before), the world fell back to the checkpoint.
+    forgotten = {"previous_of": -1, "previous_step": -1, "previous_own_step": -1}
+    newest_only = [dataclasses.replace(r, **forgotten) for r in reports]
+    assert plan_resume(newest_only).source == "checkpoint"
+
+
+def test_a_report_lists_both_generations_newest_first() -> None:
+    held = RankReport(2, 9, 0, 9, own_step=9, previous_of=0, previous_step=8, previous_own_step=8)
+    assert held.replicas() == ((0, 9), (0, 8)) and held.own_steps() == (9, 8)
+    assert RankReport(1, -1, -1, -1).replicas() == () and RankReport(1, -1, -1, -1).own_steps() == ()
+
+
 def test_plan_for_a_world_of_one() -> None:
     assert plan_resume([report(0, 4)]) == ResumePlan("memory", 4, ())
     assert plan_resume([report(0, -1)]).source == "checkpoint"
@@ -297,6 +324,22 @@ def test_a_spare_continues_the_lost_ranks_fsdp_training_exactly(
         resumed = torch.load(tmp_path / f"resumed-{rank}.pt")
         assert any(k.startswith(model_mod.OPTIM_SHARDED_PREFIX) for k in reference), rank
         assert same_bytes(resumed, reference), rank
+
+
+def test_the_generation_before_is_kept_and_served_until_the_next_exchange(
+    store: dist.TCPStore,
+    tmp_path: Path,
+) -> None:
+    """Two ranks replicate steps 1, 2 and 3. Each reports both generations (3 and 2) in a real
+    all_gather; rank 0 sends rank 1 its replica of step 2 (the generation before) and rank 1 gets
+    exactly its state of step 2 back, while rank 0 rolls back to its own snapshot of step 2. After
+    step 4 the generation before is 3: step 2 is gone, its buffer reused."""
+    procs = [start_rank("generations", "pair", r, store.port, tmp_path) for r in (0, 1)]
+    wait_all(procs, tmp_path)
+    first, second = result(tmp_path, "pair", 0), result(tmp_path, "pair", 1)
+    assert first["reports"] == second["reports"] == [[0, 3, 1, 3, 3, 1, 2, 2], [1, 3, 0, 3, 3, 0, 2, 2]]
+    assert first["own_2"] is True and second["received_2"] is True
+    assert first["after_4"] == second["after_4"] == {"replica": 4, "previous": 3, "own": [4, 3]}
 
 
 @pytest.mark.parametrize(
@@ -476,9 +519,34 @@ def interrupted_rank(failure: str, role: str, rank: int, port: int, out: Path) -
     os._exit(0)  # the group is broken: no orderly teardown
 
 
+def generations_rank(role: str, rank: int, port: int, out: Path) -> None:
+    join("generations", rank, 2, port)
+    tier = replica.MemoryTier(stride=STRIDE)
+    for step in (1, 2, 3):
+        tier.replicate(step, state_of(rank, step))
+    reports = replica.gather_reports(tier, 3, rank, 2, torch.device("cpu"))
+    data: dict[str, Any] = {"reports": [dataclasses.astuple(r) for r in reports]}
+    # Rank 1 lost its live state; both go back to step 2, the generation before.
+    plan = ResumePlan("memory", 2, (Transfer(0, 1),), snapshots=(0,))
+    received = replica.execute_transfers(plan, tier, rank, Layout.of(state_of(rank, 0)))
+    if rank == 0:
+        data["own_2"] = same_bytes(replica.own_state(tier, 2), state_of(0, 2))
+    else:
+        data["received_2"] = received is not None and same_bytes(received, state_of(1, 2))
+    tier.replicate(4, state_of(rank, 4))
+    assert tier.replica is not None and tier.previous is not None
+    assert tier.own is not None and tier.previous_own is not None
+    own_steps = [tier.own.step, tier.previous_own.step]
+    data["after_4"] = {"replica": tier.replica.step, "previous": tier.previous.step, "own": own_steps}
+    dist.destroy_process_group()
+    write(out, role, rank, data)
+
+
 def main(argv: list[str]) -> None:
     scenario, role, rank, port, out = argv[0], argv[1], int(argv[2]), int(argv[3]), Path(argv[4])
-    if scenario == "ring":
+    if scenario == "generations":
+        generations_rank(role, rank, port, out)
+    elif scenario == "ring":
         ring_rank(role, rank, port, out)
     elif scenario == "model":
         model_rank(role, rank, port, out)

@@ -16,7 +16,10 @@ Three layers, I/O at the edges:
   the group; the held replica changes in one assignment, only once a new one arrived completely,
   with the CRC-32 of its bytes as they arrived: a replica whose bytes changed while it was held (a
   bit flipped in host memory, a buffer reused too early) is never reported for a resume
-  (:func:`gather_reports` checks it), so a resume falls back to the checkpoint instead.
+  (:func:`gather_reports` checks it), so a resume falls back to the checkpoint instead. The tier
+  keeps two generations, of the replica and of the rank's own snapshot: the newest and the one
+  before it, whose buffers the next exchange reuses. A node lost in the middle of an exchange
+  leaves some pairs one step ahead of the others; the generation before is what they share.
 * :func:`plan_resume` (pure) decides from every rank's :class:`RankReport` (gathered by
   :func:`gather_reports`) whether the world resumes from memory, and which holder sends which
   replica to which rank; :func:`execute_transfers` moves them.
@@ -45,7 +48,7 @@ log = logging.getLogger(__name__)
 ALIGNMENT = 64
 """Bytes every tensor's offset in a flat buffer is a multiple of (any dtype can be viewed there)."""
 
-REPORT_FIELDS = 5
+REPORT_FIELDS = 8
 HEADER_FIELDS = 4
 
 
@@ -269,12 +272,18 @@ class MemoryTier:
             raise ValueError(f"stride (ranks per node) must be >= 1, got {stride}")
         self.stride = stride
         self.replica: Replica | None = None
+        self.previous: Replica | None = None
+        """The replica before :attr:`replica`, until the next :meth:`replicate` receives into its
+        buffer."""
         self.last_seconds = 0.0
         """Wall time of the latest successful :meth:`replicate`, flatten included."""
         self.own: OwnSnapshot | None = None
         """This rank's own state as it sent it in the latest successful :meth:`replicate`: a
         survivor whose live state went one step past the replicas (a peer lost in the middle of an
         exchange) rolls back to it."""
+        self.previous_own: OwnSnapshot | None = None
+        """The own snapshot before :attr:`own`, until the next :meth:`replicate` flattens into its
+        buffer."""
         self._layout: Layout | None = None
         self._encoded_layout = torch.empty(0, dtype=torch.uint8)
         self._sends: list[torch.Tensor | None] = [None, None]
@@ -313,7 +322,8 @@ class MemoryTier:
         nbytes, layout_len = _swap_headers(
             step, (rank, holder, source), sizes, device, group=group, timeout=timeout
         )
-        spare, self._spare = self._spare_of(nbytes), None  # dropped unless the receive completes
+        # The previous replica's buffer is the spare this exchange receives into.
+        spare, self._spare, self.previous = self._spare_of(nbytes), None, None
         incoming = spare if device.type == "cpu" else self._wire_buffer(nbytes, device)
         incoming_layout = torch.empty(layout_len, dtype=torch.uint8, device=device)
         _exchange(
@@ -324,10 +334,11 @@ class MemoryTier:
         )
         if incoming is not spare:
             spare.copy_(incoming)
-        previous = self.replica
+        previous, previous_own = self.replica, self.own
         self.replica = Replica(step, source, world, spare, incoming_layout.cpu(), crc32(spare))
         assert self._layout is not None
         self.own = OwnSnapshot(step, rank, world, send, self._layout)
+        self.previous, self.previous_own = previous, previous_own
         self._spare = previous.payload if previous is not None else None
         self.last_seconds = time.perf_counter() - started
 
@@ -338,6 +349,7 @@ class MemoryTier:
         if layout != self._layout:
             self._layout, self._sends, self.own = layout, [None, None], None
             self._encoded_layout = layout.encode()
+        self.previous_own = None  # its buffer is the one this send is flattened into
         # Two send buffers take turns: the one holding the own snapshot stays as it is until the
         # next exchange completes.
         turn = 1 if self.own is not None and self.own.payload is self._sends[0] else 0
@@ -384,13 +396,26 @@ class RankReport:
     """What one rank can contribute to a resume. ``index``: the rank index it now holds;
     ``live_step``: the step of the consistent state of that index it holds itself, or -1;
     ``replica_of`` / ``replica_step``: the index and step of the replica it holds, or -1;
-    ``own_step``: the step of its own snapshot of that index (``MemoryTier.own``), or -1."""
+    ``own_step``: the step of its own snapshot of that index (``MemoryTier.own``), or -1; the
+    ``previous_*`` fields: the same of the generation before (``MemoryTier.previous``,
+    ``MemoryTier.previous_own``)."""
 
     index: int
     live_step: int
     replica_of: int
     replica_step: int
     own_step: int = -1
+    previous_of: int = -1
+    previous_step: int = -1
+    previous_own_step: int = -1
+
+    def replicas(self) -> tuple[tuple[int, int], ...]:
+        """(index, step) of each replica it holds, newest first."""
+        held = ((self.replica_of, self.replica_step), (self.previous_of, self.previous_step))
+        return tuple((of, step) for of, step in held if of >= 0 and step >= 0)
+
+    def own_steps(self) -> tuple[int, ...]:
+        return tuple(step for step in (self.own_step, self.previous_own_step) if step >= 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -430,7 +455,7 @@ def plan_resume(reports: Sequence[RankReport]) -> ResumePlan:
     if not any(r.live_step >= 0 for r in reports):
         return _checkpoint("no rank holds a live state")
     candidates = {r.live_step for r in reports if r.live_step >= 0}
-    candidates |= {r.own_step for r in reports if r.own_step >= 0}
+    candidates |= {step for r in reports for step in r.own_steps()}
     reasons = []
     for step in sorted(candidates, reverse=True):
         plan = _plan_at(reports, step)
@@ -442,13 +467,17 @@ def plan_resume(reports: Sequence[RankReport]) -> ResumePlan:
 
 def _plan_at(reports: Sequence[RankReport], step: int) -> ResumePlan:
     """Every index at ``step``: live state, else own snapshot, else a replica held by a rank."""
-    holders = {r.replica_of: r.index for r in reports if r.replica_step == step and r.replica_of >= 0}
+    holders: dict[int, int] = {}
+    for r in reports:
+        for of, held_step in r.replicas():
+            if held_step == step:
+                holders.setdefault(of, r.index)
     transfers: list[Transfer] = []
     snapshots: list[int] = []
     for report in reports:
         if report.live_step == step:
             continue
-        if report.own_step == step:
+        if step in report.own_steps():
             snapshots.append(report.index)
             continue
         holder = holders.get(report.index)
@@ -470,16 +499,26 @@ def gather_reports(
     """Collective of ``group`` (one ``all_gather``): every rank's :class:`RankReport`. ``live_step``:
     the step of this rank's consistent state of index ``rank`` in this world, or -1. A replica taken
     in a world of another size is not reported (its indices meant other ranks), nor one whose bytes
-    changed since they arrived (:meth:`Replica.intact`)."""
-    replica = tier.replica
-    usable = replica is not None and replica.world_size == world and _intact(replica)
-    of_index, replica_step = (replica.of_index, replica.step) if usable and replica is not None else (-1, -1)
-    own = tier.own
-    own_step = own.step if own is not None and (own.index, own.world_size) == (rank, world) else -1
-    mine = torch.tensor([rank, live_step, of_index, replica_step, own_step], dtype=torch.long, device=device)
+    changed since they arrived (:meth:`Replica.intact`). Both generations are reported."""
+    of_index, replica_step = _offered(tier.replica, world)
+    previous_of, previous_step = _offered(tier.previous, world)
+    own_step, previous_own_step = _own_step(tier.own, rank, world), _own_step(tier.previous_own, rank, world)
+    fields = [rank, live_step, of_index, replica_step, own_step, previous_of, previous_step]
+    mine = torch.tensor([*fields, previous_own_step], dtype=torch.long, device=device)
     gathered = [torch.empty(REPORT_FIELDS, dtype=torch.long, device=device) for _ in range(world)]
     dist.all_gather(gathered, mine, group=group)
     return [RankReport(*(int(v) for v in t.tolist())) for t in gathered]
+
+
+def _offered(replica: Replica | None, world: int) -> tuple[int, int]:
+    """(index, step) of a replica that can serve a resume in a world of ``world``, else (-1, -1)."""
+    if replica is None or replica.world_size != world or not _intact(replica):
+        return -1, -1
+    return replica.of_index, replica.step
+
+
+def _own_step(own: OwnSnapshot | None, rank: int, world: int) -> int:
+    return own.step if own is not None and (own.index, own.world_size) == (rank, world) else -1
 
 
 def _intact(replica: Replica) -> bool:
@@ -546,8 +585,11 @@ def execute_transfers(
 def _replica_to_send(tier: MemoryTier, step: int, sends: Sequence[Transfer]) -> Replica | None:
     if not sends:
         return None
-    replica = tier.replica
-    if len(sends) > 1 or replica is None or (replica.of_index, replica.step) != (sends[0].receiver, step):
+    wanted = (sends[0].receiver, step)
+    replica = next(
+        (r for r in (tier.replica, tier.previous) if r is not None and (r.of_index, r.step) == wanted), None
+    )
+    if len(sends) > 1 or replica is None:
         held = f"index {tier.replica_of} at step {tier.replica_step}"
         raise RuntimeError(
             f"plan asks for {[t.receiver for t in sends]} at step {step}; this rank holds {held}"
@@ -577,10 +619,10 @@ def _layout_difference(got: Layout, expected: Layout) -> str:
     )
 
 
-def own_state(tier: MemoryTier) -> dict[str, torch.Tensor]:
-    """This rank's own snapshot as tensors by name (host views into the snapshot's buffer)."""
-    own = tier.own
+def own_state(tier: MemoryTier, step: int) -> dict[str, torch.Tensor]:
+    """This rank's own snapshot of ``step`` as tensors by name (host views into its buffer)."""
+    own = next((o for o in (tier.own, tier.previous_own) if o is not None and o.step == step), None)
     if own is None:
-        raise RuntimeError("this rank holds no snapshot of its own state")
+        raise RuntimeError(f"this rank holds no snapshot of its own state at step {step}")
     host = own.payload if own.payload.device.type == "cpu" else own.payload.to("cpu")
     return unflatten(host, own.layout)

@@ -434,7 +434,7 @@ class Trainer:
         if self.rank in plan.snapshots:
             # A peer was lost in the middle of an exchange: every rank goes back to the step the
             # replicas hold, this one from the copy of its state it sent.
-            restore_local_state(model, opt, replica.own_state(self.tier))
+            restore_local_state(model, opt, replica.own_state(self.tier, plan.step))
             mem.step = plan.step
             return plan.step, "memory"
         assert mem.tensors is not None
