@@ -28,11 +28,11 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rtj_demo import ckptbench, indexedjob, processes
+from rtj_demo import ckptbench, configurations, indexedjob, processes
 from rtj_demo.plot import plot_runs
 from rtj_demo.rehearsal import (
     REPO_ROOT,
@@ -45,23 +45,15 @@ from rtj_demo.rehearsal import (
     mid_interval,
     run_job,
 )
-from rtj_demo.report import LAYER_JOB_CONTROLLER, FaultReport, RunReport
+from rtj_demo.report import LAYER_JOB_CONTROLLER, LOST_TIME_CAUSES, FaultReport, RunReport
 
 # Who runs a mode's job: the operator (a ResilientTrainingJob) or Kubernetes alone (an Indexed Job).
 RUNNER_OPERATOR = "operator"
 RUNNER_INDEXED_JOB = "indexed-job"
 
-# The `full` mode's spec, as a merge patch over the example job (`rehearsal.merge_patch`): the
-# Supervisor launcher with two hot spares, in-process restart, a memory copy of the state every
-# step and async checkpoints. An API server whose schema lacks a field drops it (the run says which).
-FULL_SPEC_PATCH: dict[str, Any] = {
-    "hotSpares": 2,
-    "faultTolerance": {"launcher": "Supervisor", "inProcess": {"enabled": True}},
-    "checkpoint": {"mode": "Async", "memoryIntervalSteps": 1},
-}
-SUPERVISOR_LAUNCHER = "Supervisor"
-# The pods of a Supervisor job beside its workers and spares: the store pod.
-SUPERVISOR_STORE_PODS = 1
+# The `full` mode's spec is the recommended configuration (`configurations.RECOMMENDED`): an API
+# server whose schema lacks one of its fields drops it (the run says which).
+FULL_SPEC_PATCH = configurations.RECOMMENDED_SPEC_PATCH
 
 
 @dataclass(frozen=True)
@@ -79,10 +71,13 @@ class Mode:
 
     def pods(self, job_nodes: int) -> int:
         """How many pods the mode's job runs at once, each on a node of its own."""
-        hot_spares = int(self.spec_patch.get("hotSpares") or 0)
+        return configurations.pods(self.spec_patch, job_nodes)
+
+    @property
+    def intended(self) -> Mapping[str, str]:
+        """The layer each fault class should be recovered by under the mode's launcher."""
         ft = self.spec_patch.get("faultTolerance") or {}
-        store = SUPERVISOR_STORE_PODS if ft.get("launcher") == SUPERVISOR_LAUNCHER else 0
-        return job_nodes + hot_spares + store
+        return configurations.BY_LAUNCHER[ft.get("launcher", configurations.FT_LAUNCHER)].intended
 
 
 MODES = {
@@ -158,11 +153,16 @@ def _match_faults(plan: Sequence[PlannedFault], faults: Sequence[FaultReport]) -
 
 
 def summary_row(
-    mode: Mode, result: JobResult, report: RunReport | None, plan: Sequence[PlannedFault]
+    mode: Mode,
+    result: JobResult,
+    report: RunReport | None,
+    plan: Sequence[PlannedFault],
+    fault_free: RunReport | None = None,
 ) -> dict[str, Any]:
     """One mode's figures side by side: per planned fault the recovery seconds, the layer and the steps
-    lost; then seconds per fault, steps lost, goodput from the first step and from submission, and
-    the start-up (pure: the table and the JSON results are made from it)."""
+    lost; then seconds per fault, steps lost, goodput from the first step and from submission, the
+    start-up, the lost time by cause (`report.lost_time`), and, given the mode's run without faults,
+    each goodput relative to that run's (pure: the table and the JSON results are made from it)."""
     row: dict[str, Any] = {"mode": mode.label, "state": result.state, "finished": result.finished}
     if report is None:
         return row | {"message": result.message, "faults": []}
@@ -176,15 +176,38 @@ def summary_row(
         }
         for planned, fault in zip(plan, _match_faults(plan, report.faults), strict=True)
     ]
-    return row | {
-        "seconds_per_fault": report.seconds_per_fault,
-        "steps_lost": report.steps_lost,
-        "goodput_from_first_step": report.goodput_from_first_step,
-        "goodput_from_submission": report.goodput_from_submission,
-        "startup_seconds": report.startup_seconds,
-        "useful_seconds": report.useful_seconds,
-        "wall_from_first_step_seconds": report.wall_from_first_step_seconds,
-        "wall_from_submission_seconds": report.wall_seconds if report.startup_seconds is not None else None,
+    return (
+        row
+        | {
+            "seconds_per_fault": report.seconds_per_fault,
+            "steps_lost": report.steps_lost,
+            "goodput_from_first_step": report.goodput_from_first_step,
+            "goodput_from_submission": report.goodput_from_submission,
+            "startup_seconds": report.startup_seconds,
+            "useful_seconds": report.useful_seconds,
+            "wall_from_first_step_seconds": report.wall_from_first_step_seconds,
+            "wall_from_submission_seconds": report.wall_seconds
+            if report.startup_seconds is not None
+            else None,
+            "lost_time": report.lost_time(),
+        }
+        | _relative_to(report, fault_free)
+    )
+
+
+def _relative_to(report: RunReport, fault_free: RunReport | None) -> dict[str, float | None]:
+    """The run's goodput as a share of the same mode's goodput without faults (None without it)."""
+
+    def share(value: float | None, reference: float | None) -> float | None:
+        return None if value is None or not reference else value / reference
+
+    first = None if fault_free is None else fault_free.goodput_from_first_step
+    submitted = None if fault_free is None else fault_free.goodput_from_submission
+    return {
+        "fault_free_goodput_from_first_step": first,
+        "fault_free_goodput_from_submission": submitted,
+        "relative_goodput_from_first_step": share(report.goodput_from_first_step, first),
+        "relative_goodput_from_submission": share(report.goodput_from_submission, submitted),
     }
 
 
@@ -210,10 +233,20 @@ def _row_cells(row: Mapping[str, Any]) -> list[str] | None:
         _number(row["goodput_from_first_step"], ".1%"),
         _number(row["goodput_from_submission"], ".1%"),
         _number(row["startup_seconds"], ".1f"),
+        _number(row.get("relative_goodput_from_first_step"), ".1%"),
+        _number(row.get("relative_goodput_from_submission"), ".1%"),
     ]
 
 
-FIGURE_COLUMNS = ("s/fault", "steps lost", "goodput from 1st step", "goodput from submission", "start-up s")
+FIGURE_COLUMNS = (
+    "s/fault",
+    "steps lost",
+    "goodput from 1st step",
+    "goodput from submission",
+    "start-up s",
+    "vs fault-free from 1st step",
+    "vs fault-free from submission",
+)
 
 
 def goodput_table(rows: Sequence[Mapping[str, Any]], plan: Sequence[PlannedFault]) -> str:
@@ -227,19 +260,44 @@ def goodput_table(rows: Sequence[Mapping[str, Any]], plan: Sequence[PlannedFault
             notes.append(f"{row['mode']}: no steps recorded ({row['state']}: {row.get('message', '')})")
             continue
         body.append([row["mode"], *cells])
-    widths = [max(len(line[i]) for line in [headers, *body]) for i in range(len(headers))]
-    lines = [
-        "  ".join(
-            cell.ljust(w) if i == 0 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
-        )
-        for line in [headers, *body]
-    ]
-    lines.insert(1, "-" * len(lines[0]))
+    lines = _aligned([headers, *body])
     lines.append(
         "per fault: seconds from the fault to the next step (the layer that recovered it), steps lost"
     )
     return "\n".join(lines + notes)
+
+
+def _aligned(lines: Sequence[Sequence[str]]) -> list[str]:
+    """Rows of cells as plain-text lines: the first column left-aligned, the others right-aligned,
+    a rule under the header (the first row)."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    text = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in lines
+    ]
+    text.insert(1, "-" * len(text[0]))
+    return text
+
+
+def lost_time_table(rows: Sequence[Mapping[str, Any]], *, markdown: bool = False) -> str:
+    """Each mode's wall time that was not useful training, by cause, in seconds (the effective
+    training time's complement: see `report.lost_time`), as plain text or Markdown."""
+    headers = ["mode", *LOST_TIME_CAUSES, "total"]
+    body = []
+    for row in rows:
+        lost = row.get("lost_time")
+        if lost is None:
+            continue
+        total = sum(v for v in lost.values() if v is not None)
+        body.append([row["mode"], *(_number(lost[c], ".1f") for c in LOST_TIME_CAUSES), f"{total:.1f}"])
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        return "\n".join(lines + ["| " + " | ".join(line) + " |" for line in body])
+    text = _aligned([headers, *body])
+    return "\n".join([*text, "lost time by cause, seconds of the wall time from submission"])
 
 
 def goodput_markdown(rows: Sequence[Mapping[str, Any]], plan: Sequence[PlannedFault]) -> str:
@@ -281,12 +339,16 @@ def run_mode(
     else:
         result = run_job(stack, settings, timeout=timeout, on_note=_note)
         stack.delete_job(settings.name)
-    report = result.timeline.report() if result.timeline.steps else None
+    report = result.timeline.report(mode.intended) if result.timeline.steps else None
     return result, report
 
 
 def _run_json(
-    mode: Mode, result: JobResult, report: RunReport | None, row: Mapping[str, Any]
+    mode: Mode,
+    result: JobResult,
+    report: RunReport | None,
+    row: Mapping[str, Any],
+    fault_free: tuple[JobResult, RunReport | None] | None = None,
 ) -> dict[str, Any]:
     recreated = sum(1 for r in result.timeline.recoveries if r.layer == LAYER_JOB_CONTROLLER)
     return {
@@ -306,6 +368,16 @@ def _run_json(
         "summary": dict(row),
         "report": report.to_json() if report else None,
         "timeline": result.timeline.to_json(),
+        "fault_free": None if fault_free is None else _fault_free_json(*fault_free),
+    }
+
+
+def _fault_free_json(result: JobResult, report: RunReport | None) -> dict[str, Any]:
+    return {
+        "state": result.state,
+        "message": result.message,
+        "report": report.to_json() if report else None,
+        "timeline": result.timeline.to_json(),
     }
 
 
@@ -320,6 +392,13 @@ def goodput_main(argv: list[str]) -> int:
         "enough for recoveries to be compared without keeping the CPUs busy",
     )
     parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(DEFAULT_MODES))
+    parser.add_argument(
+        "--fault-free",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run each mode without faults first, and report its goodput relative to that run "
+        "(default on; --no-fault-free halves the time)",
+    )
     parser.add_argument(
         "--timeout",
         type=float,
@@ -337,6 +416,7 @@ def goodput_main(argv: list[str]) -> int:
     run_id = processes.tag_environment()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     runs: list[tuple[Mode, JobResult, RunReport | None]] = []
+    fault_free: dict[str, tuple[JobResult, RunReport | None]] = {}
     print(
         f"rtj bench goodput: {args.steps} steps per run; faults: "
         + ", ".join(f"{f.kind}@{f.step}" for f in plan)
@@ -348,19 +428,17 @@ def goodput_main(argv: list[str]) -> int:
         with_operator = any(m.runner == RUNNER_OPERATOR for m in modes)
         with Stack(nodes=nodes, out_dir=logs, operator=with_operator) as stack:
             for i, mode in enumerate(modes):
+                timeout = run_timeout(mode, plan, job_nodes, args.timeout)
+                if args.fault_free:
+                    baseline = replace(
+                        _settings(mode, i, args.steps, args.step_sleep, []), name=f"bench-{i}-ff"
+                    )
+                    print(f"- {mode.label}, no faults: running", flush=True)
+                    fault_free[mode.label] = _run_and_say(stack, mode, baseline, timeout)
                 settings = _settings(mode, i, args.steps, args.step_sleep, plan)
                 print(f"- {mode.label}: running", flush=True)
-                timeout = run_timeout(mode, plan, job_nodes, args.timeout)
-                result, report = run_mode(stack, mode, settings, timeout=timeout)
+                result, report = _run_and_say(stack, mode, settings, timeout)
                 runs.append((mode, result, report))
-                if report is not None:
-                    print(
-                        f"  {result.state}: goodput {report.goodput_from_first_step:.1%} from the first "
-                        f"step, {report.training_goodput:.1%} from submission; "
-                        f"wall {report.wall_seconds:.0f} s"
-                    )
-                else:
-                    print(f"  {result.state}: {result.message}")
     except MissingComponentError as err:
         print(f"rtj bench goodput: cannot run: {err}", file=sys.stderr)
         return 2
@@ -371,10 +449,15 @@ def goodput_main(argv: list[str]) -> int:
                 f"killed {len(leftovers)} leftover process(es): {processes.describe(leftovers)}",
                 file=sys.stderr,
             )
-    rows = [summary_row(mode, result, report, plan) for mode, result, report in runs]
-    table = goodput_table(rows, plan)
+    rows = [
+        summary_row(mode, result, report, plan, fault_free.get(mode.label, (result, None))[1])
+        for mode, result, report in runs
+    ]
+    table, lost = goodput_table(rows, plan), lost_time_table(rows)
     print()
     print(table)
+    print()
+    print(lost)
     out.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {
         "benchmark": "goodput",
@@ -383,9 +466,14 @@ def goodput_main(argv: list[str]) -> int:
         "step_sleep": args.step_sleep,
         "cluster_nodes": nodes,
         "plan": [{"kind": f.kind, "step": f.step, "rank": f.rank} for f in plan],
-        "runs": [_run_json(m, r, rep, row) for (m, r, rep), row in zip(runs, rows, strict=True)],
+        "runs": [
+            _run_json(m, r, rep, row, fault_free.get(m.label))
+            for (m, r, rep), row in zip(runs, rows, strict=True)
+        ],
         "table": table,
         "table_markdown": goodput_markdown(rows, plan),
+        "lost_time_table": lost,
+        "lost_time_table_markdown": lost_time_table(rows, markdown=True),
     }
     json_path = out / f"goodput-{stamp}.json"
     json_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
@@ -400,6 +488,22 @@ def goodput_main(argv: list[str]) -> int:
             written.append(plot_runs(plotted, args.plot, title=title, dpi=72))
     print("\nwritten: " + ", ".join(str(p) for p in written))
     return 0 if all(r.finished for _, r, _ in runs) else 1
+
+
+def _run_and_say(
+    stack: Stack, mode: Mode, settings: JobSettings, timeout: float
+) -> tuple[JobResult, RunReport | None]:
+    """One run of the mode, and a line saying how it went."""
+    result, report = run_mode(stack, mode, settings, timeout=timeout)
+    if report is not None:
+        print(
+            f"  {result.state}: goodput {report.goodput_from_first_step:.1%} from the first "
+            f"step, {report.training_goodput:.1%} from submission; "
+            f"wall {report.wall_seconds:.0f} s"
+        )
+    else:
+        print(f"  {result.state}: {result.message}")
+    return result, report
 
 
 def checkpoint_main(argv: list[str]) -> int:

@@ -1,14 +1,18 @@
 """`rtj demo`: rehearse one fault of each class on the embedded local cluster and report what it cost.
 
-It brings up the local cluster (cpu nodes: two for the job, spares for a replacement), applies the
-CRD, starts the operator, and runs the example CPU job (real FSDP training on gloo under ft_launcher
-and inprocess.Wrapper, async checkpoints on a volume) with four faults: a Python exception and a
-hung rank (the in-process layer should recover both: the soft timeout interrupts the hung rank while
-its process lives), a SIGKILLed rank (ft_launcher's in-job restart), and a lost node (the operator
-replaces the worker). It shows live progress, then prints and saves the report (`report.json`,
-`timeline.png`, `operator.log`, `pods/*.log` in `--out`), cleans up, and exits non-zero unless
-every fault was recovered by its intended layer. See `rehearsal` for the machinery and `report`
-for the figures.
+It brings up the local cluster (cpu nodes: the job's pods, and one more for each node it loses),
+applies the CRD, starts the operator, and runs the example CPU job (real FSDP training on gloo, async
+checkpoints on a volume) in the configuration the README recommends (`configurations.RECOMMENDED`:
+the Supervisor launcher, two hot spares, a memory copy of the state every step) with five faults: a
+Python exception, a SIGKILLed rank, a hung rank, and the loss of worker 1's node and then of worker
+0's. Every one should be recovered in-process by the processes that survive it, no step lost.
+`--launcher FtLauncher` rehearses the default launcher instead (`configurations.DEFAULT`) with four
+faults: in-process restart for the exception and the hang, ft_launcher's in-job restart for the
+SIGKILL, the operator's pod replacement for worker 1's node.
+
+It shows live progress, then prints and saves the report (`report.json`, `timeline.png`,
+`operator.log`, `pods/*.log` in `--out`), cleans up, and exits non-zero unless every fault was
+recovered by its intended layer. See `rehearsal` for the machinery and `report` for the figures.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rtj_demo import processes
+from rtj_demo import configurations, processes
 from rtj_demo.live import LiveLine, Snapshot
 from rtj_demo.plot import plot_timeline
 from rtj_demo.rehearsal import (
@@ -33,29 +37,51 @@ from rtj_demo.rehearsal import (
     mid_interval,
     run_job,
 )
-from rtj_demo.report import INTENDED_LAYER, RunReport, format_table
+from rtj_demo.report import RunReport, format_table
 
 DEFAULT_STEPS = 300
 QUICK_STEPS = 120
+# Seconds each step waits, like a step on an accelerator: the planned faults stay apart, and a node
+# loss injected when the demo sees its step finds the run far from its end.
+DEFAULT_STEP_SLEEP = 0.1
+JOB_NODES = 2
 
 
 def checkpoint_interval(steps: int) -> int:
     return max(5, steps // 15)
 
 
-def fault_plan(steps: int) -> list[PlannedFault]:
+def fault_plan(steps: int, launcher: str = configurations.SUPERVISOR) -> list[PlannedFault]:
     """One fault of each class, spread over the run so each recovery ends before the next fault.
 
-    Ranks 0-1 run on worker 0, ranks 2-3 on worker 1; the lost node is worker 1's (worker 0 hosts
-    the rendezvous store: losing it is a gang restart, a different story).
+    Ranks 0-1 run on worker 0, ranks 2-3 on worker 1. Under the Supervisor launcher worker 1's node
+    is lost, then worker 0's: the world's stores live in a pod of their own, so each is one more
+    in-process recovery, the second from the spare that took over the first. Under the default
+    launcher worker 0's launcher hosts the rendezvous: losing it is a gang restart, a different
+    story, so only worker 1's node is lost.
     """
     interval = checkpoint_interval(steps)
+    if launcher == configurations.SUPERVISOR:
+        return [
+            PlannedFault("exception", mid_interval(steps * 12 // 100, interval), rank=1),
+            PlannedFault("sigkill", mid_interval(steps * 30 // 100, interval), rank=2),
+            PlannedFault("hang", mid_interval(steps * 48 // 100, interval), rank=3),
+            PlannedFault("node-loss", mid_interval(steps * 64 // 100, interval), worker=1),
+            PlannedFault("node-loss", mid_interval(steps * 80 // 100, interval), worker=0),
+        ]
     return [
         PlannedFault("exception", mid_interval(steps * 15 // 100, interval), rank=1),
         PlannedFault("sigkill", mid_interval(steps * 35 // 100, interval), rank=2),
         PlannedFault("hang", mid_interval(steps * 55 // 100, interval), rank=3),
-        PlannedFault("node-loss", mid_interval(steps * 75 // 100, interval)),
+        PlannedFault("node-loss", mid_interval(steps * 75 // 100, interval), worker=1),
     ]
+
+
+def needed_nodes(configuration: configurations.Configuration, plan: list[PlannedFault]) -> int:
+    """A node per pod of the job, one to replace each node it loses, and one more as slack (a pod
+    still leaving a node)."""
+    losses = sum(1 for f in plan if f.kind == "node-loss")
+    return configurations.pods(configuration.spec_patch, JOB_NODES) + losses + 1
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -67,7 +93,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"a shortened run for CI: {QUICK_STEPS} steps, still all four fault classes",
+        help=f"a shortened run for CI: {QUICK_STEPS} steps, still every fault",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=sorted(configurations.BY_LAUNCHER),
+        default=configurations.SUPERVISOR,
+        help="the job's launcher: Supervisor with two hot spares (default, the recommended "
+        "configuration) or FtLauncher (the operator's default launcher)",
+    )
+    parser.add_argument(
+        "--step-sleep",
+        type=float,
+        default=DEFAULT_STEP_SLEEP,
+        help=f"seconds each step waits, like a step on an accelerator (default {DEFAULT_STEP_SLEEP})",
     )
     parser.add_argument(
         "--keep",
@@ -77,7 +116,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=Path("out/demo"), help="report directory (default out/demo)"
     )
-    parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4; the job uses 2)")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="simulated nodes (default: the job's pods, one per node it loses, and one more)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=None, help="seconds to wait for the job (default: 600, quick: 420)"
     )
@@ -87,9 +131,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.timeout is None:
         args.timeout = 420.0 if args.quick else 600.0
     if args.steps < 40:
-        parser.error("--steps must be at least 40 (four faults need room between them)")
-    if args.nodes < 3:
-        parser.error("--nodes must be at least 3 (two for the job, one to replace a lost node)")
+        parser.error("--steps must be at least 40 (the faults need room between them)")
+    if args.step_sleep < 0:
+        parser.error("--step-sleep must not be negative")
+    configuration = configurations.BY_LAUNCHER[args.launcher]
+    needed = needed_nodes(configuration, fault_plan(args.steps, args.launcher))
+    if args.nodes is None:
+        args.nodes = needed
+    if args.nodes < needed:
+        parser.error(
+            f"--nodes must be at least {needed} for the {args.launcher} job "
+            "(its pods, one node per node it loses, one spare)"
+        )
     return args
 
 
@@ -115,7 +168,13 @@ def summarize(result: JobResult, report: RunReport | None, plan: list[PlannedFau
 
 
 def write_outputs(
-    out: Path, result: JobResult, report: RunReport | None, plan: list[PlannedFault], problems: list[str]
+    out: Path,
+    result: JobResult,
+    report: RunReport | None,
+    plan: list[PlannedFault],
+    problems: list[str],
+    *,
+    configuration: configurations.Configuration,
 ) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"report": out / "report.json"}
@@ -124,8 +183,9 @@ def write_outputs(
         "state": result.state,
         "ok": not problems,
         "problems": problems,
-        "plan": [{"kind": f.kind, "step": f.step, "rank": f.rank} for f in plan],
-        "intended_layers": INTENDED_LAYER,
+        "launcher": configuration.launcher,
+        "plan": [_planned_json(f) for f in plan],
+        "intended_layers": dict(configuration.intended),
         "report": report.to_json() if report else None,
         "restarts": result.status.get("restarts"),
         "status": result.status,
@@ -141,22 +201,41 @@ def write_outputs(
             result.timeline,
             report,
             out / "timeline.png",
-            title=f"rtj demo: 2 nodes x 2 ranks, {report.final_step} steps, {len(plan)} faults",
+            title=f"rtj demo ({configuration.launcher}): {JOB_NODES} nodes x 2 ranks, "
+            f"{report.final_step} steps, {len(plan)} faults",
         )
     return paths
 
 
+def _planned_json(fault: PlannedFault) -> dict[str, Any]:
+    if fault.kind == "node-loss":
+        return {"kind": fault.kind, "step": fault.step, "worker": fault.worker}
+    return {"kind": fault.kind, "step": fault.step, "rank": fault.rank}
+
+
+def job_settings(args: argparse.Namespace, plan: list[PlannedFault]) -> JobSettings:
+    """The example job as the demo runs it: the launcher's configuration, the steps and the faults."""
+    configuration = configurations.BY_LAUNCHER[args.launcher]
+    return JobSettings(
+        name="demo",
+        steps=args.steps,
+        checkpoint_interval=checkpoint_interval(args.steps),
+        plan=plan,
+        extra_args=["--step-sleep", str(args.step_sleep)],
+        spec_patch=dict(configuration.spec_patch),
+    )
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    plan = fault_plan(args.steps)
-    settings = JobSettings(
-        name="demo", steps=args.steps, checkpoint_interval=checkpoint_interval(args.steps), plan=plan
-    )
+    configuration = configurations.BY_LAUNCHER[args.launcher]
+    plan = fault_plan(args.steps, args.launcher)
+    settings = job_settings(args, plan)
     run_id = processes.tag_environment()
     live = LiveLine(interval=10.0)
     started = time.monotonic()
     print(
-        f"rtj demo: {args.steps} steps, faults: "
+        f"rtj demo: {args.launcher} launcher, {args.steps} steps, faults: "
         + ", ".join(f"{f.kind}@{f.step}" for f in plan)
         + f"; report in {args.out}/"
     )
@@ -177,9 +256,9 @@ def main(argv: list[str]) -> int:
             finally:
                 live.close()
             stack.save_pod_logs(settings.name, args.out / "pods")
-            report = result.timeline.report() if result.timeline.steps else None
+            report = result.timeline.report(configuration.intended) if result.timeline.steps else None
             problems = summarize(result, report, plan)
-            paths = write_outputs(args.out, result, report, plan, problems)
+            paths = write_outputs(args.out, result, report, plan, problems, configuration=configuration)
             print()
             if report is not None:
                 print(format_table(report))
@@ -205,7 +284,7 @@ def main(argv: list[str]) -> int:
             )
     assert result is not None
     if leftovers:
-        write_outputs(args.out, result, report, plan, problems)
+        write_outputs(args.out, result, report, plan, problems, configuration=configuration)
     print(f"elapsed {time.monotonic() - started:.0f} s; no processes left behind" if not leftovers else "")
     if problems:
         print("rtj demo: FAILED: " + "; ".join(problems), file=sys.stderr)

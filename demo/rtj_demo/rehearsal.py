@@ -67,7 +67,8 @@ class PlannedFault:
 
     kind: str  # exception | sigkill | hang | node-loss
     step: int
-    rank: int | None = None  # the global rank (trainer faults); node-loss: the worker index is 1
+    rank: int | None = None  # the global rank (trainer faults)
+    worker: int = 1  # node-loss: the index of the worker whose node is lost
 
     def rtj_faults_entry(self) -> str:
         rank = "" if self.rank is None else f",rank={self.rank}"
@@ -607,11 +608,15 @@ def run_job(
             on_note(f"no new step for {stall_note_seconds:.0f} s; pods: {summary}")
             last_change = time.monotonic()
         if node_losses and step >= node_losses[0].step:
-            node = job.worker_node(1)
+            worker = node_losses[0].worker
+            node = job.worker_node(worker)
             if node:
+                # The fault's time is when the kill begins: killing a node's processes takes a while,
+                # and a recovery in-process can be over before the call returns.
+                struck = time.time()
                 job.lose_node(node, on_note)
-                injected.append(FaultRecord(time=time.time(), kind="node-loss"))
-                on_note(f"fault: node {node} (worker 1) killed at step {step}")
+                injected.append(FaultRecord(time=struck, kind="node-loss"))
+                on_note(f"fault: node {node} (worker {worker}) killed at step {step}")
                 node_losses.pop(0)
         job.tick(on_note)
         if state in ("Succeeded", "Failed"):

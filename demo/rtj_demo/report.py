@@ -16,7 +16,7 @@ this module turns it into figures. Definitions follow the AWS NVRx-on-EKS sample
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,7 +29,8 @@ LAYER_JOB_RESTART = "job-restart"
 LAYER_JOB_CONTROLLER = "job-controller"
 LAYER_ORDER = (LAYER_IN_PROCESS, LAYER_IN_JOB, LAYER_POD_REPLACEMENT, LAYER_JOB_RESTART, LAYER_JOB_CONTROLLER)
 
-# Which layer each fault class should be recovered by when every layer is enabled.
+# Which layer each fault class should be recovered by under the default launcher (FtLauncher) with
+# every layer enabled (the Supervisor launcher's are in `configurations`).
 INTENDED_LAYER = {
     "exception": LAYER_IN_PROCESS,
     "sigkill": LAYER_IN_JOB,
@@ -87,6 +88,13 @@ class FaultReport:
     steps_lost: int | None
     step_at_fault: int | None
     resumed_from_step: int | None
+    # The time training stood still for the fault, from the last step before it to the start of the
+    # first step after it, in three parts (None where either step is unknown): the step in flight
+    # when the fault came (lost work), the fault to the first layer acting on it (detection; 0 when
+    # no action was seen), and the rest (restart).
+    in_flight_seconds: float | None = None
+    detection_seconds: float | None = None
+    restart_seconds: float | None = None
 
     @property
     def as_intended(self) -> bool:
@@ -112,6 +120,7 @@ class RunReport:
     startup_seconds: float | None = None  # submission -> first step start; None without a submission time
     goodput_from_submission: float | None = None
     faults: list[FaultReport] = field(default_factory=list)
+    checkpoint_blocking_seconds: float | None = None  # as the trainer counted it
 
     @property
     def all_recovered_as_intended(self) -> bool:
@@ -128,6 +137,10 @@ class RunReport:
         """Steps lost over every fault whose loss is known."""
         return sum(f.steps_lost for f in self.faults if f.steps_lost is not None)
 
+    def lost_time(self) -> dict[str, float | None]:
+        """The wall time that was not useful training, by cause, in seconds (see `lost_time`)."""
+        return lost_time(self)
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         for fault, entry in zip(self.faults, data["faults"], strict=True):
@@ -135,6 +148,7 @@ class RunReport:
         data["all_recovered_as_intended"] = self.all_recovered_as_intended
         data["seconds_per_fault"] = self.seconds_per_fault
         data["steps_lost"] = self.steps_lost
+        data["lost_time"] = self.lost_time()
         return data
 
 
@@ -183,8 +197,13 @@ def attribute_fault(
     steps: Sequence[StepRecord],
     recoveries: Sequence[RecoveryRecord],
     next_fault_time: float | None,
+    intended: Mapping[str, str] = INTENDED_LAYER,
+    *,
+    median_step_seconds: float = 0.0,
 ) -> FaultReport:
-    """Recovery time, lost steps and the recovering layer of one fault."""
+    """Recovery time, lost steps and the recovering layer of one fault, judged against the layer
+    `intended` names for its class; the stall split as `FaultReport` says (the first step after the
+    fault began its own duration, or `median_step_seconds`, before it completed)."""
     ordered = _sorted_steps(steps)
     before = [s for s in ordered if s.time <= fault.time]
     after = [
@@ -199,6 +218,11 @@ def attribute_fault(
         if r.time >= fault.time and (window_end is None or r.time <= window_end) and r.layer in LAYER_ORDER
     ]
     recovered_by = max(acting, key=LAYER_ORDER.index) if acting else None
+    first_acting = min(
+        (r.time for r in recoveries if r.time >= fault.time and (window_end is None or r.time <= window_end)),
+        default=None,
+    )
+    stall = _stall(fault.time, before[-1] if before else None, first_after, first_acting, median_step_seconds)
     resumed_from = first_after.step - 1 if first_after else None
     steps_lost = None
     if step_at_fault is not None and resumed_from is not None:
@@ -206,13 +230,35 @@ def attribute_fault(
     return FaultReport(
         kind=fault.kind,
         time=fault.time,
-        intended_layer=INTENDED_LAYER.get(fault.kind, "unknown"),
+        intended_layer=intended.get(fault.kind, "unknown"),
         recovered_by=recovered_by,
         recovery_seconds=(first_after.time - fault.time) if first_after else None,
         steps_lost=steps_lost,
         step_at_fault=step_at_fault,
         resumed_from_step=resumed_from,
+        in_flight_seconds=stall[0],
+        detection_seconds=stall[1],
+        restart_seconds=stall[2],
     )
+
+
+def _stall(
+    fault_time: float,
+    last_before: StepRecord | None,
+    first_after: StepRecord | None,
+    first_acting: float | None,
+    median_step_seconds: float,
+) -> tuple[float | None, float | None, float | None]:
+    """(in flight, detection, restart) seconds of one fault's stall (see `FaultReport`)."""
+    if last_before is None or first_after is None:
+        return None, None, None
+    own = first_after.seconds
+    resumed = first_after.time - (own if own is not None else median_step_seconds)
+    stopped = max(0.0, resumed - last_before.time)
+    in_flight = min(max(0.0, fault_time - last_before.time), stopped)
+    waiting = stopped - in_flight
+    detection = 0.0 if first_acting is None else min(max(0.0, first_acting - fault_time), waiting)
+    return in_flight, detection, waiting - detection
 
 
 def build_report(
@@ -223,6 +269,8 @@ def build_report(
     *,
     start_time: float | None = None,
     end_time: float | None = None,
+    intended: Mapping[str, str] = INTENDED_LAYER,
+    checkpoint_blocking_seconds: float | None = None,
 ) -> RunReport:
     """The whole run's report. Wall time runs from `start_time`, the job's submission (default: the
     start of the first step), to `end_time` (default: the last step completion); the figures from the
@@ -244,7 +292,8 @@ def build_report(
     reports = []
     for i, fault in enumerate(fault_list):
         next_time = fault_list[i + 1].time if i + 1 < len(fault_list) else None
-        reports.append(attribute_fault(fault, ordered, recoveries, next_time))
+        found = attribute_fault(fault, ordered, recoveries, next_time, intended, median_step_seconds=median)
+        reports.append(found)
     return RunReport(
         wall_seconds=wall,
         useful_seconds=useful,
@@ -259,7 +308,42 @@ def build_report(
         startup_seconds=None if start_time is None else first_start - start_time,
         goodput_from_submission=None if start_time is None else min(1.0, useful / wall),
         faults=reports,
+        checkpoint_blocking_seconds=checkpoint_blocking_seconds,
     )
+
+
+LOST_TIME_CAUSES = ("start-up", "detection", "restart", "lost work", "checkpoint blocking", "other")
+
+
+def lost_time(report: RunReport) -> dict[str, float | None]:
+    """The run's wall time (from submission when known) that was not useful training, split by
+    cause, in seconds:
+
+    - start-up: submission to the start of the first step (None without a submission time);
+    - detection: each fault to the first layer acting on it;
+    - restart: from there to the start of the first step after the fault;
+    - lost work: the step in flight at each fault, and the steps computed again after resuming from
+      behind it (at the median step);
+    - checkpoint blocking: what the trainer counted (None when it did not say);
+    - other: the rest (what passes between steps: reports, data, the end of a run).
+
+    The causes add up to the wall time minus the useful time."""
+    faults = report.faults
+    detection = sum(f.detection_seconds or 0.0 for f in faults)
+    restart = sum(f.restart_seconds or 0.0 for f in faults)
+    in_flight = sum(f.in_flight_seconds or 0.0 for f in faults)
+    lost_work = in_flight + report.steps_lost * report.median_step_seconds
+    blocking = report.checkpoint_blocking_seconds
+    startup = report.startup_seconds
+    known = (startup or 0.0) + detection + restart + lost_work + (blocking or 0.0)
+    return {
+        "start-up": startup,
+        "detection": detection,
+        "restart": restart,
+        "lost work": lost_work,
+        "checkpoint blocking": blocking,
+        "other": report.wall_seconds - report.useful_seconds - known,
+    }
 
 
 def format_table(report: RunReport) -> str:
@@ -287,4 +371,6 @@ def format_table(report: RunReport) -> str:
             f"({report.useful_seconds:.1f} s useful of {report.wall_seconds:.1f} s wall; "
             f"start-up {report.startup_seconds:.1f} s)"
         )
+    known = [(cause, seconds) for cause, seconds in report.lost_time().items() if seconds is not None]
+    lines.append("time not training, by cause: " + ", ".join(f"{c} {s:.1f} s" for c, s in known))
     return "\n".join(lines)

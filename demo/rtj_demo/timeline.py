@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rtj_demo.report import (
+    INTENDED_LAYER,
     LAYER_IN_JOB,
     LAYER_IN_PROCESS,
     LAYER_JOB_RESTART,
@@ -73,8 +74,12 @@ class Timeline:
     checkpoints: list[CheckpointRecord] = field(default_factory=list)
     start_time: float | None = None
     end_time: float | None = None
+    # The seconds training waited on checkpoint saves, as the trainer counted them (its progress
+    # records' `checkpointBlockingSeconds`); None when no record said.
+    checkpoint_blocking_seconds: float | None = None
 
-    def report(self) -> RunReport:
+    def report(self, intended: Mapping[str, str] = INTENDED_LAYER) -> RunReport:
+        """The run's figures, each fault judged against the layer `intended` names for its class."""
         return build_report(
             self.steps,
             self.faults,
@@ -82,6 +87,8 @@ class Timeline:
             self.checkpoints,
             start_time=self.start_time,
             end_time=self.end_time,
+            intended=intended,
+            checkpoint_blocking_seconds=self.checkpoint_blocking_seconds,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -92,6 +99,7 @@ class Timeline:
             "faults": [{"time": f.time, "kind": f.kind, "step": f.step} for f in self.faults],
             "recoveries": [{"time": r.time, "layer": r.layer} for r in self.recoveries],
             "checkpoints": [[c.time, c.step] for c in self.checkpoints],
+            "checkpoint_blocking_seconds": self.checkpoint_blocking_seconds,
         }
 
     @classmethod
@@ -109,6 +117,7 @@ class Timeline:
             checkpoints=[CheckpointRecord(time=t, step=s) for t, s in data.get("checkpoints", [])],
             start_time=data.get("start_time"),
             end_time=data.get("end_time"),
+            checkpoint_blocking_seconds=data.get("checkpoint_blocking_seconds"),
         )
 
     def extend(self, other: Timeline) -> None:
@@ -116,6 +125,8 @@ class Timeline:
         self.faults += other.faults
         self.recoveries += other.recoveries
         self.checkpoints += other.checkpoints
+        if other.checkpoint_blocking_seconds is not None:
+            self.checkpoint_blocking_seconds = other.checkpoint_blocking_seconds
 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:
@@ -135,12 +146,31 @@ def read_json_lines(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _step_source(ordered: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records that step completions come from (`ordered` by time): node 0's, and after its last
+    report those of the lowest node that went on past node 0's last step. Under the Supervisor
+    launcher a lost worker 0's share of the world goes on in a hot spare's pod, whose reports carry
+    that pod's own node rank; at the end of a run the other nodes' last reports repeat node 0's."""
+    stepping = [r for r in ordered if isinstance(r.get("step"), int) and r["step"] > 0]
+    node_0 = [r for r in stepping if r.get("nodeRank", 0) == 0]
+    if not node_0:
+        return ordered
+    gone, last_step = parse_time(node_0[-1].get("time")) or 0.0, int(node_0[-1]["step"])
+    after = [r for r in stepping if (parse_time(r.get("time")) or 0.0) > gone]
+    went_on = [r for r in after if int(r["step"]) > last_step]
+    if not went_on:
+        return node_0
+    heir = min(int(r.get("nodeRank", 0)) for r in went_on)
+    return node_0 + [r for r in after if r.get("nodeRank", 0) == heir]
+
+
 def from_progress_records(records: Iterable[Mapping[str, Any]]) -> Timeline:
     """Steps, checkpoints and trainer recovery events from progress records (JSON lines of the file sink).
 
-    Records of several nodes may be mixed in one file. Step completions are taken from node 0 only
-    (it holds global rank 0, and the nodes step in lockstep), one per change of its step number: a
-    report forced by a checkpoint commit or a recovery repeats the step it was made at. Recovery
+    Records of several nodes may be mixed in one file. Step completions are taken from one node (the
+    nodes step in lockstep), one per change of its step number: a report forced by a checkpoint commit
+    or a recovery repeats the step it was made at. That node is node 0 (it holds global rank 0) as
+    long as it reports, then the lowest node that reports after it (`_step_source`). Recovery
     events count once per (kind, time): every node reports them, and every record repeats the newest
     20. An event is placed mid-way between its fault and the step that ended its recovery (see
     `_acting_time`).
@@ -150,7 +180,7 @@ def from_progress_records(records: Iterable[Mapping[str, Any]]) -> Timeline:
         key=lambda r: parse_time(r.get("time")) or 0.0,
     )
     timeline = Timeline()
-    step_source = [r for r in ordered if r.get("nodeRank", 0) == 0] or ordered
+    step_source = _step_source(ordered)
     previous: int | None = None
     for record in step_source:
         step, when = record.get("step"), parse_time(record.get("time"))
@@ -176,7 +206,19 @@ def from_progress_records(records: Iterable[Mapping[str, Any]]) -> Timeline:
             timeline.recoveries.append(RecoveryRecord(time=ev_time, layer=layer))
     timeline.checkpoints = [CheckpointRecord(time=t, step=s) for s, t in sorted(seen_ckpts.items())]
     timeline.recoveries.sort(key=lambda r: r.time)
+    timeline.checkpoint_blocking_seconds = _checkpoint_blocking(step_source)
     return timeline
+
+
+def _checkpoint_blocking(records: Iterable[Mapping[str, Any]]) -> float | None:
+    """The most checkpoint blocking any of the records counted (the counter only grows, and a
+    restarted process continues it from the node's saved state)."""
+    counted = [
+        float(r["checkpointBlockingSeconds"])
+        for r in records
+        if isinstance(r.get("checkpointBlockingSeconds"), int | float)
+    ]
+    return max(counted) if counted else None
 
 
 def _acting_time(event: Mapping[str, Any]) -> float | None:
@@ -212,27 +254,34 @@ def faults_from_markers(marker_dir: Path) -> list[FaultRecord]:
 
 
 def align_fault_times(
-    steps: Sequence[StepRecord], faults: Sequence[FaultRecord], *, lag_seconds: float = 2.0
+    steps: Sequence[StepRecord],
+    faults: Sequence[FaultRecord],
+    *,
+    lag_seconds: float = 2.0,
+    node_loss_lag_seconds: float = 1.0,
 ) -> list[FaultRecord]:
     """Move each fault past node 0's reports of steps that were done, or in flight, when it struck.
 
     A trainer fault fires on one rank at the start of a step, when `fault.step` steps are done;
     global rank 0 may still be saving or reporting the last of them, so its record of a step finished
-    *before* the fault can carry a later timestamp. A lost node dies mid-step: rank 0 can still
-    finish the collectives already under way and report a step or two. Without this, such a record
-    would pass for the first step after the fault (a recovery of 0 s by no layer). Only records within
-    `lag_seconds` of the fault are considered; no recovery is that fast for a lost node (the operator
-    alone waits the node-loss grace period), and a trainer fault is matched by step number.
+    *before* the fault can carry a later timestamp: records within `lag_seconds` are matched by step
+    number. A lost node dies mid-step: rank 0 can still finish the collectives already under way and
+    report the step at once, so records within `node_loss_lag_seconds` of the kill are taken as in
+    flight; no recovery of a lost node is that fast (in-process under the Supervisor launcher it
+    takes seconds: the survivors' collectives fail, the world re-forms, the replicas move). Without
+    this, such a record would pass for the first step after the fault (a recovery of 0 s by no
+    layer).
     """
     ordered = sorted(steps, key=lambda s: s.time)
     aligned: list[FaultRecord] = []
     for fault in faults:
         when = fault.time
+        lag = lag_seconds if fault.step is not None else node_loss_lag_seconds
         if fault.step is not None or fault.kind == "node-loss":
             for record in ordered:
                 if record.time < fault.time:
                     continue
-                if record.time > fault.time + lag_seconds:
+                if record.time > fault.time + lag:
                     break
                 if fault.step is not None and record.step > fault.step:
                     break

@@ -79,7 +79,15 @@ def test_goodput_table_has_one_row_per_mode_with_all_figures() -> None:
     assert set(rule) == {"-"}
     assert ft.startswith("ft-launcher (async)") and k8s.startswith("kubernetes-only (async)")
     assert "5.5 (in-job) 5 lost" in ft and "5.5 (pod-replacement) 2 lost" in ft
-    assert ft.split()[-5:] == ["5.5", "7", "54.1%", "48.8%", "4.0"]
+    assert ft.split()[-7:] == [
+        "5.5",
+        "7",
+        "54.1%",
+        "48.8%",
+        "4.0",
+        "-",
+        "-",
+    ]  # nothing without faults to compare with
     assert "steps lost" in legend
     markdown = bench.goodput_markdown(rows, PLAN).splitlines()
     assert markdown[0].startswith("| mode | sigkill @10 | node-loss @20 | s/fault |")
@@ -210,3 +218,51 @@ def test_a_runs_json_keeps_the_summary_the_report_the_timeline_and_what_was_subm
     assert len(data["timeline"]["steps"]) == len(result.timeline.steps)
     assert data["manifests"] == [{"kind": "Job", "metadata": {"name": "b"}}]
     assert data["pods_recreated_by_job_controller"] == 1
+
+
+def _fault_free_report() -> RunReport:
+    # The same 20 steps of 1 s without a fault: submitted at t=0, the first step done at t=5.
+    steps = [StepRecord(4.0 + i, i, seconds=1.0) for i in range(1, 21)]
+    return Timeline(steps=steps, start_time=0.0, checkpoint_blocking_seconds=0.0).report()
+
+
+def test_each_mode_is_compared_with_its_own_run_without_faults() -> None:
+    mode, result, report = _run()
+    baseline = _fault_free_report()
+    assert (baseline.goodput_from_first_step, baseline.goodput_from_submission) == (1.0, 20.0 / 24.0)
+    row = bench.summary_row(mode, result, report, PLAN, baseline)
+    assert row["fault_free_goodput_from_first_step"] == 1.0
+    assert row["relative_goodput_from_first_step"] == pytest.approx((20.0 / 37.0) / 1.0)
+    assert row["relative_goodput_from_submission"] == pytest.approx((20.0 / 41.0) / (20.0 / 24.0))
+    header, _, line, _ = bench.goodput_table([row], PLAN).splitlines()
+    assert header.endswith("vs fault-free from 1st step  vs fault-free from submission")
+    assert line.split()[-2:] == ["54.1%", "58.5%"]
+    json.dumps(row)
+
+
+def test_lost_time_table_splits_each_modes_lost_seconds_by_cause() -> None:
+    mode, result, report = _run()
+    row = bench.summary_row(mode, result, report, PLAN)
+    lost = row["lost_time"]
+    # 41 s from submission, 20 useful: 4 of start-up; the SIGKILL: 0.5 in flight, 1.5 to the
+    # in-job restart at 16.0, 3.0 more before step 6 began at 19.0, 5 steps redone (6-10); the
+    # node: 0.5 in flight, 2.5 to the replacement at 37.0, 2.0 more before step 19 began at 39.0,
+    # 2 steps redone (19-20).
+    assert lost == {
+        "start-up": pytest.approx(4.0),
+        "detection": pytest.approx(1.5 + 2.5),
+        "restart": pytest.approx(3.0 + 2.0),
+        "lost work": pytest.approx(0.5 + 5 + 0.5 + 2),
+        "checkpoint blocking": None,  # the timeline does not say
+        "other": pytest.approx(0.0),
+    }
+    text = bench.lost_time_table([row]).splitlines()
+    assert text[0].split()[:3] == ["mode", "start-up", "detection"] and text[0].split()[-1] == "total"
+    assert text[2].startswith("ft-launcher (async)") and text[2].split()[-1] == "21.0"
+    markdown = bench.lost_time_table([row], markdown=True).splitlines()
+    causes = "start-up | detection | restart | lost work | checkpoint blocking | other"
+    assert markdown[0] == f"| mode | {causes} | total |"
+    assert markdown[2].startswith("| ft-launcher (async) | 4.0 |")
+    # A mode whose run recorded no step has no line.
+    failed = JobResult("b", "Failed", Timeline(), {}, [], False, "no")
+    assert len(bench.lost_time_table([bench.summary_row(mode, failed, None, PLAN)]).splitlines()) == 3

@@ -8,32 +8,61 @@ import uuid
 from pathlib import Path
 
 import pytest
-from rtj_demo import processes
-from rtj_demo.demo import fault_plan, parse_args
+from rtj_demo import configurations, processes
+from rtj_demo.demo import fault_plan, job_settings, parse_args
 from rtj_demo.rehearsal import JobSettings, PlannedFault, build_job, load_example, observe, rtj_faults
-from rtj_demo.report import INTENDED_LAYER
+from rtj_demo.report import INTENDED_LAYER, LAYER_IN_PROCESS
+from rtj_operator import events
 from rtj_operator.api import parse_job
 
 
-def test_quick_keeps_all_four_fault_classes_in_order() -> None:
+def test_the_demo_runs_the_recommended_job_and_loses_worker_1s_node_then_worker_0s() -> None:
     args = parse_args(["--quick"])
-    assert args.steps == 120
-    plan = fault_plan(args.steps)
-    assert [f.kind for f in plan] == ["exception", "sigkill", "hang", "node-loss"]
-    assert [f.step for f in plan] == sorted(f.step for f in plan)
+    assert (args.steps, args.launcher) == (120, "Supervisor")
+    plan = fault_plan(args.steps, args.launcher)
+    assert [f.kind for f in plan] == ["exception", "sigkill", "hang", "node-loss", "node-loss"]
+    assert [f.worker for f in plan if f.kind == "node-loss"] == [1, 0]
+    assert [f.step for f in plan] == sorted({f.step for f in plan})
     assert all(0 < f.step < args.steps for f in plan)
-    # The trainer's share goes through RTJ_FAULTS; the node loss is the demo's own.
     # Each fault sits mid-way between two checkpoints (every 8 steps here).
     assert all(f.step % 8 == 4 for f in plan)
+    assert rtj_faults(plan) == "exception@step=12,rank=1;sigkill@step=36,rank=2;hang@step=60,rank=3"
+    # Two workers, two hot spares, the store pod, a node for each of the two lost, one more.
+    assert args.nodes == 8
+    job = build_job(load_example(), job_settings(args, plan), rendezvous_port=31234)
+    spec = parse_job(job).spec
+    assert spec.fault_tolerance.launcher == "Supervisor" and spec.hot_spares == 2
+    assert spec.checkpoint.memory_interval_steps == 1 and spec.checkpoint.mode == "Async"
+    assert job["spec"]["args"][job["spec"]["args"].index("--step-sleep") + 1] == "0.1"
+    # Every fault, each node loss included, is for the processes that survive it to recover.
+    assert dict(configurations.RECOMMENDED.intended) == dict.fromkeys(INTENDED_LAYER, LAYER_IN_PROCESS)
+
+
+def test_the_default_launcher_keeps_its_four_faults_and_layers() -> None:
+    args = parse_args(["--quick", "--launcher", "FtLauncher"])
+    plan = fault_plan(args.steps, args.launcher)
+    assert [f.kind for f in plan] == ["exception", "sigkill", "hang", "node-loss"]
+    assert [f.worker for f in plan if f.kind == "node-loss"] == [1]  # worker 0's is a gang restart
     assert rtj_faults(plan) == "exception@step=20,rank=1;sigkill@step=44,rank=2;hang@step=68,rank=3"
+    assert args.nodes == 4
+    assert dict(configurations.DEFAULT.intended) == INTENDED_LAYER
+    spec = parse_job(build_job(load_example(), job_settings(args, plan), rendezvous_port=31234)).spec
+    assert spec.fault_tolerance.launcher == "FtLauncher" and spec.hot_spares == 0
 
 
 def test_options_are_checked() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--steps", "10"])
     with pytest.raises(SystemExit):
-        parse_args(["--nodes", "2"])
+        parse_args(["--nodes", "7"])  # the Supervisor job needs 8
+    with pytest.raises(SystemExit):
+        parse_args(["--launcher", "FtLauncher", "--nodes", "3"])
+    with pytest.raises(SystemExit):
+        parse_args(["--launcher", "Elastic"])
+    with pytest.raises(SystemExit):
+        parse_args(["--step-sleep", "-1"])
     assert parse_args(["--steps", "500"]).steps == 500
+    assert parse_args(["--launcher", "FtLauncher", "--nodes", "4"]).nodes == 4
 
 
 def test_job_manifest_is_the_example_with_the_rehearsals_settings() -> None:
@@ -75,7 +104,14 @@ def test_live_view_takes_whichever_source_is_further_along() -> None:
 
 
 @pytest.mark.slow
-def test_quick_demo_recovers_every_fault_by_its_layer_and_leaves_nothing(tmp_path: Path) -> None:
+def test_quick_demo_recovers_every_fault_in_process_worker_0s_node_included_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """The recommended job end to end (`rtj demo --quick`): an exception, a SIGKILLed rank, a hang,
+    the loss of worker 1's node and then of worker 0's are each recovered in-process by the
+    processes that survive them, no step lost (the second node loss from the replicas the first's
+    spare holds); the operator replaces each lost worker once (the replacement stands by as a
+    spare) and never restarts the gang; nothing is left running."""
     run_id = uuid.uuid4().hex
     out = tmp_path / "demo"
     env = {**os.environ, processes.RUN_TAG: run_id, "PYTHONWARNINGS": "ignore"}
@@ -92,12 +128,18 @@ def test_quick_demo_recovers_every_fault_by_its_layer_and_leaves_nothing(tmp_pat
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert not leftovers, processes.describe(leftovers)
     data = json.loads((out / "report.json").read_text())
-    assert data["ok"] and data["problems"] == []
+    assert data["ok"] and data["problems"] == [] and data["launcher"] == "Supervisor"
     report = data["report"]
-    assert sorted(f["kind"] for f in report["faults"]) == sorted(INTENDED_LAYER)
+    kinds = ["exception", "sigkill", "hang", "node-loss", "node-loss"]
+    assert [f["kind"] for f in report["faults"]] == kinds
     for fault in report["faults"]:
-        assert fault["recovered_by"] == INTENDED_LAYER[fault["kind"]], fault
-        assert fault["recovery_seconds"] > 0
+        assert fault["recovered_by"] == LAYER_IN_PROCESS, fault
+        assert fault["recovery_seconds"] > 0 and fault["steps_lost"] == 0, fault
     assert report["final_step"] == 120
+    status = data["status"]
+    assert status["restarts"]["podReplacement"] == 2, status["restarts"]
+    assert len({f["nodeName"] for f in status["nodeFaults"]}) == 2, status["nodeFaults"]
+    reasons = {e["reason"] for e in data["events"]}
+    assert events.WORKER_REPLACED in reasons and events.GANG_RESTART not in reasons, reasons
     assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     assert "every fault was recovered by its intended layer" in done.stdout

@@ -156,6 +156,10 @@ def test_goodput_from_the_first_step_and_from_submission() -> None:
     text = format_table(report)
     assert "goodput from the first step: 67.6%" in text
     assert "goodput from submission: 62.5%" in text and "start-up 3.0 s" in text
+    assert text.splitlines()[-1] == (
+        "time not training, by cause: start-up 3.0 s, detection 4.0 s, restart 2.0 s, "
+        "lost work 6.0 s, other 0.0 s"
+    )
 
 
 def test_without_a_submission_time_there_is_no_start_up() -> None:
@@ -182,3 +186,42 @@ def test_no_recovered_fault_means_no_seconds_per_fault() -> None:
     report = build_report(_run(1.0, 1, 5), [FaultRecord(time=5.5, kind="hang")], [], [])
     assert report.seconds_per_fault is None
     assert report.steps_lost == 0
+
+
+def test_each_stall_splits_into_work_in_flight_detection_and_restart() -> None:
+    report = build_report(*_timeline())
+    exception, sigkill = report.faults
+    # Step 10 at t=10, the exception at 10.5 (half a step in flight), step 11 began at 10.5 again:
+    # the in-process layer (seen at 10.8) cost nothing more.
+    assert (exception.in_flight_seconds, exception.detection_seconds, exception.restart_seconds) == (
+        pytest.approx(0.5),
+        pytest.approx(0.0),
+        pytest.approx(0.0),
+    )
+    # Step 20 at 20.5, the SIGKILL at 21.0, ft_launcher acting at 25.0, the redone step 16 began at
+    # 27.0: 0.5 in flight, 4.0 to detect, 2.0 to restart.
+    assert (sigkill.in_flight_seconds, sigkill.detection_seconds, sigkill.restart_seconds) == (
+        pytest.approx(0.5),
+        pytest.approx(4.0),
+        pytest.approx(2.0),
+    )
+
+
+def test_lost_time_by_cause_adds_up_to_what_was_not_useful() -> None:
+    report = build_report(*_timeline(), start_time=-4.0, checkpoint_blocking_seconds=1.5)
+    lost = report.lost_time()
+    assert lost == {
+        "start-up": pytest.approx(4.0),
+        "detection": pytest.approx(4.0),
+        "restart": pytest.approx(2.0),
+        # Two steps' halves in flight and the five steps redone after the SIGKILL (16-20).
+        "lost work": pytest.approx(6.0),
+        "checkpoint blocking": pytest.approx(1.5),
+        "other": pytest.approx(-1.5),  # the synthetic steps leave no room for the blocking
+    }
+    assert sum(v or 0.0 for v in lost.values()) == pytest.approx(report.wall_seconds - report.useful_seconds)
+    assert report.to_json()["lost_time"] == lost
+    # Without a submission time or a trainer's count, those two are unknown, not zero.
+    bare = build_report(*_timeline()).lost_time()
+    assert bare["start-up"] is None and bare["checkpoint blocking"] is None
+    assert bare["other"] == pytest.approx(0.0)

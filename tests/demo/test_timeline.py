@@ -131,6 +131,17 @@ def test_a_lost_nodes_in_flight_steps_are_not_its_recovery() -> None:
     assert fault.steps_lost == 2
 
 
+def test_a_lost_nodes_in_process_recovery_two_seconds_later_is_its_recovery() -> None:
+    # Under the Supervisor launcher the survivors and a spare go on from memory 2.1 s after the kill:
+    # that step is the recovery, not a step in flight.
+    steps = [StepRecord(9.8, 20), StepRecord(12.1, 21), StepRecord(12.4, 22)]
+    (aligned,) = align_fault_times(steps, [FaultRecord(10.0, "node-loss")])
+    assert aligned.time == 10.0
+    report = build_report(steps, [aligned], [RecoveryRecord(11.0, LAYER_IN_PROCESS)], [])
+    assert report.faults[0].recovered_by == LAYER_IN_PROCESS
+    assert report.faults[0].recovery_seconds == pytest.approx(2.1)
+
+
 def test_trainer_events_act_between_fault_and_recovery() -> None:
     base = 5_000.0
     # node 1 records the in-process restart 4 ms after node 0 reported the first step after it.
@@ -229,3 +240,46 @@ def test_tagged_processes_find_descendants_even_when_orphaned() -> None:
         assert processes.tagged_processes(run_id) == []
     finally:
         os.environ.pop(processes.RUN_TAG, None)
+
+
+def test_steps_go_on_from_the_node_that_took_over_a_lost_worker_0s_share() -> None:
+    """Under the Supervisor launcher a hot spare's pod (node rank 2 here) goes on with worker 0's
+    share once worker 0's node is lost, in lockstep with worker 1: the steps go on from the lowest
+    node that went on past node 0's last step, and node 0's replacement standing by reports none."""
+    base = 1_700_000_000.0
+    records = [
+        {"time": _iso(base + 1), "nodeRank": 0, "step": 10},
+        {"time": _iso(base + 1.01), "nodeRank": 1, "step": 10},
+        {"time": _iso(base + 2), "nodeRank": 0, "step": 11},
+        {"time": _iso(base + 2.01), "nodeRank": 1, "step": 11},
+        {"time": _iso(base + 6), "nodeRank": 2, "step": 12},
+        {"time": _iso(base + 6.01), "nodeRank": 1, "step": 12},
+        {"time": _iso(base + 7), "nodeRank": 0, "step": 0},
+        {"time": _iso(base + 7.5), "nodeRank": 2, "step": 13},
+        {"time": _iso(base + 7.51), "nodeRank": 1, "step": 13},
+    ]
+    steps = from_progress_records(records).steps
+    assert [(round(s.time - base, 2), s.step) for s in steps] == [(1, 10), (2, 11), (6.01, 12), (7.51, 13)]
+
+
+def test_the_other_nodes_last_reports_after_node_0s_are_not_steps() -> None:
+    base = 1_700_000_000.0
+    records = [
+        {"time": _iso(base + 1), "nodeRank": 0, "step": 20},
+        {"time": _iso(base + 1.02), "nodeRank": 1, "step": 19},
+        {"time": _iso(base + 1.03), "nodeRank": 1, "step": 20},
+    ]
+    assert [s.step for s in from_progress_records(records).steps] == [20]
+
+
+def test_the_trainers_checkpoint_blocking_is_its_largest_count_and_survives_json() -> None:
+    base = 1_700_000_000.0
+    records = [
+        {"time": _iso(base + 1), "nodeRank": 0, "step": 1, "checkpointBlockingSeconds": 0.25},
+        {"time": _iso(base + 2), "nodeRank": 0, "step": 2, "checkpointBlockingSeconds": 0.75},
+        {"time": _iso(base + 2.1), "nodeRank": 1, "step": 2, "checkpointBlockingSeconds": 9.0},
+    ]
+    timeline = from_progress_records(records)
+    assert timeline.checkpoint_blocking_seconds == 0.75  # node 0's: the step source's count
+    assert Timeline.from_json(timeline.to_json()).checkpoint_blocking_seconds == 0.75
+    assert from_progress_records(records[:0]).checkpoint_blocking_seconds is None
