@@ -13,7 +13,8 @@ from nvidia_resiliency_ext.inprocess.state import Mode
 from rtj_localcluster.ports import reserve_port_pair
 from rtj_trainer.library import world
 from rtj_trainer.library.env import ACTIVE_WORLD_SIZE, EnvError, TrainerEnv
-from rtj_trainer.reference.restart import ReplaceFromReserve, StoreClient, WorldBrokenError, reassign
+from rtj_trainer.reference.interrupt import WorldBrokenError, reassign
+from rtj_trainer.reference.restart import ReplaceFromReserve, StoreClient
 from rtj_trainer.runtime import store, supervisor
 
 

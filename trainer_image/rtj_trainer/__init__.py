@@ -1,14 +1,16 @@
 """rtj_trainer: the library a training script imports, the pod runtime, and the project's trainer.
 
-The public part is this module's ``__all__`` and nothing else (docs/library.md): a ``Session``
-that a user's own FSDP or DDP script creates once and runs its loop in, so the operator shows its
-step, loss, checkpoints, goodput and checkpoint advice, and a drain commits the current step, and
-``Heartbeats`` to ft_launcher's rank monitor (nothing outside ft_launcher); ``JobSettings``, the job's
-settings read-only; ``NodeFaults``, the faults counted against the node; ``wrap_in_process``, NVRx's
-in-process restarts across its releases; the Supervisor launcher's ``WORLD_*`` store keys and exit
-status; and the building blocks a session is made of, for a loop that drives them itself as
-``rtj-train`` does: ``CheckpointManager``, ``DrainRequest`` and ``install_drain_handler``,
-``Progress``, ``RecoveryEvent``, ``Reporter``, ``load_node_state`` and ``train_start_time``::
+The public part is this module's ``__all__`` and nothing else (docs/library.md): a ``Session`` that
+a user's own FSDP or DDP script creates once and runs its loop in, so the operator shows its step,
+loss, checkpoints, goodput and checkpoint advice, and a drain commits the current step, and
+``Heartbeats`` to ft_launcher's rank monitor (nothing outside ft_launcher); ``JobSettings``, the
+job's settings read-only; ``NodeFaults``, the faults counted against the node; ``wrap_in_process``,
+NVRx's in-process restarts across its releases, and ``in_process_layer``, ``in_process_available``
+and ``InProcessUnavailableError`` for code that builds on that layer (NVRx deprecated it in 0.6);
+the Supervisor launcher's ``WORLD_*`` store keys and exit status; and the building blocks a session
+is made of, for a loop that drives them itself as ``rtj-train`` does: ``CheckpointManager``,
+``DrainRequest`` and ``install_drain_handler``, ``Progress``, ``RecoveryEvent``, ``Reporter``,
+``load_node_state`` and ``train_start_time``::
 
     import rtj_trainer
 
@@ -50,6 +52,11 @@ if _typing.TYPE_CHECKING:
     from rtj_trainer.library.heartbeats import Heartbeats
     from rtj_trainer.library.in_process import wrap_in_process
     from rtj_trainer.library.node_faults import NodeFaults
+    from rtj_trainer.library.nvrx_inprocess import (
+        InProcessUnavailableError,
+        in_process_available,
+        in_process_layer,
+    )
     from rtj_trainer.library.progress import (
         Progress,
         RecoveryEvent,
@@ -71,6 +78,7 @@ __all__ = [
     "CheckpointManager",
     "DrainRequest",
     "Heartbeats",
+    "InProcessUnavailableError",
     "JobSettings",
     "NodeFaults",
     "NonFiniteLossError",
@@ -79,6 +87,8 @@ __all__ = [
     "Reporter",
     "Session",
     "__version__",
+    "in_process_available",
+    "in_process_layer",
     "install_drain_handler",
     "load_node_state",
     "train_start_time",
@@ -90,6 +100,7 @@ _EXPORTS: dict[str, str] = {
     "CheckpointManager": "rtj_trainer.library.checkpoint",
     "DrainRequest": "rtj_trainer.library.drain",
     "Heartbeats": "rtj_trainer.library.heartbeats",
+    "InProcessUnavailableError": "rtj_trainer.library.nvrx_inprocess",
     "JobSettings": "rtj_trainer.library.env",
     "NodeFaults": "rtj_trainer.library.node_faults",
     "NonFiniteLossError": "rtj_trainer.library.finite_loss",
@@ -100,6 +111,8 @@ _EXPORTS: dict[str, str] = {
     "WORLD_BROKEN_EXIT_CODE": "rtj_trainer.library.world",
     "WORLD_FINISHED_KEY": "rtj_trainer.library.world",
     "WORLD_FORMED_KEY": "rtj_trainer.library.world",
+    "in_process_available": "rtj_trainer.library.nvrx_inprocess",
+    "in_process_layer": "rtj_trainer.library.nvrx_inprocess",
     "install_drain_handler": "rtj_trainer.library.drain",
     "load_node_state": "rtj_trainer.library.progress",
     "train_start_time": "rtj_trainer.library.progress",

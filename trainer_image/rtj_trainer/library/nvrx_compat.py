@@ -3,9 +3,9 @@
 NVRx 0.4.1 is the newest release that installs on the Python 3.11 development machines; the GPU image
 pins a newer one on Python 3.12. Everything that differs between releases, or that reaches past the
 public API to work on CPU, lives here: the async checkpoint writer (``rtj_trainer.library.checkpoint`` uses
-it), the in-process ``Wrapper`` keyword arguments (``rtj_trainer.library.in_process``) and ft_launcher's
-flags and environment (``rtj_trainer.runtime.launch``). The heartbeat client, on NVRx's public API
-alone, is the library's ``heartbeats``.
+it) and ft_launcher's flags and environment (``rtj_trainer.runtime.launch``). The heartbeat client, on
+NVRx's public API alone, is the library's ``heartbeats``; in-process restart, which NVRx deprecated in
+0.6, is ``nvrx_inprocess``, the one module that imports it.
 
 Two releases are supported and tested on every run (docs/trainer.md has the table of differences):
 0.4.1, installed in the development environment, and 0.7.0, the image's, whose pure-Python modules
@@ -19,9 +19,9 @@ import ctypes
 import inspect
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from importlib import metadata
-from typing import Any, Final, Optional
+from typing import Any, Final
 
 import torch
 
@@ -249,57 +249,3 @@ class AsyncWriter:
                 caller.process.join(timeout=10)
             caller.process = None
         self._queue.async_calls.clear()
-
-
-# ---------------------------------------------------------------------------------------------
-# In-process restart Wrapper keyword arguments.
-# ---------------------------------------------------------------------------------------------
-
-
-def wrapper_kwargs(requested: Mapping[str, Any]) -> dict[str, Any]:
-    """Keep the keyword arguments the installed ``inprocess.Wrapper`` accepts.
-
-    Releases add and rename tuning knobs; a knob the installed release lacks falls back to its
-    default rather than failing the job.
-    """
-    from nvidia_resiliency_ext import inprocess
-
-    accepted = inspect.signature(inprocess.Wrapper.__init__).parameters
-    return {k: v for k, v in requested.items() if k in accepted}
-
-
-def wrapped_entry(wrapper: Any, fn: Callable[[Any], int]) -> Callable[[], int]:
-    """``wrapper(fn)`` where ``fn(call_wrapper)`` receives the ``CallWrapper`` (None when disabled).
-
-    The wrapper finds the parameter to fill by its annotation, evaluated with ``issubclass``: string
-    annotations (``from __future__ import annotations``) break it, so the signature is set explicitly.
-    """
-    from nvidia_resiliency_ext import inprocess
-
-    def entry(call_wrapper: Any = None) -> int:
-        return fn(call_wrapper)
-
-    parameter = inspect.Parameter(
-        "call_wrapper",
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        default=None,
-        annotation=Optional[inprocess.CallWrapper],  # noqa: UP045 - the wrapper matches typing.Union
-    )
-    entry.__signature__ = inspect.Signature([parameter])  # type: ignore[attr-defined]
-    wrapped: Callable[[], int] = wrapper(entry)
-    return wrapped
-
-
-def limit_restart_health_check(wrapper: Any, health_check: Any, *, cuda: bool) -> None:
-    """Decide what the wrapper checks before an in-process restart.
-
-    0.7.0's ``Wrapper`` runs ``restart_health_check`` after a fault: the given health check chained
-    with NVML GPU, NVLink and NIC checks whenever LOCAL_RANK is set (always, under ft_launcher).
-    0.4.1 runs only the given one. On GPU nodes the NVML checks stay: a GPU that needs a reset or a
-    NIC whose link went down cannot be fixed by restarting the function, so the failed check hands
-    the fault to ft_launcher (and, if it persists, to the operator). Without CUDA there is no NVML
-    to ask and the checks would fail every restart, so only the given health check runs.
-    """
-    if cuda or not hasattr(wrapper, "restart_health_check"):
-        return
-    wrapper.restart_health_check = health_check

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION: Final = 1
 # The version of the library that writes these reports, in each report's `library` field: the
 # operator tells a report of the library from the launcher's own view (rtj_trainer.runtime.launcher_view).
-LIBRARY_VERSION: Final = "0.4.0"
+LIBRARY_VERSION: Final = "0.5.0"
 MAX_EVENTS: Final = 20
 # The pod-local file the endpoint sink writes and rtj-launch serves (set by rtj-launch for its children).
 PROGRESS_FILE_ENV: Final = "RTJ_PROGRESS_FILE"

@@ -22,97 +22,23 @@ NVML checks before a restart); what this module adds is ``rtj-train``'s own conf
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import logging
-import signal
-import socket
-import threading
 from collections.abc import Callable, Collection
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import torch
-from nvidia_resiliency_ext import inprocess
 
 import rtj_trainer
+from rtj_trainer.reference.interrupt import MainThreadPoker, reassign, shutdown_tcp_sockets
 
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def shutdown_tcp_sockets(keep_ports: Collection[int]) -> int:
-    """Shut down this process's established TCP connections, except those touching ``keep_ports``.
-
-    The file descriptors stay open (their owner, gloo, closes them); only the connection is cut, so
-    every blocked send/recv on them returns an error. Returns how many were shut down.
-    """
-    import psutil
-
-    count = 0
-    for conn in psutil.Process().net_connections(kind="tcp"):
-        if conn.status != psutil.CONN_ESTABLISHED or conn.fd < 0:
-            continue
-        ports = {conn.laddr.port if conn.laddr else -1, conn.raddr.port if conn.raddr else -1}
-        if ports & set(keep_ports):
-            continue
-        with contextlib.suppress(OSError):
-            sock = socket.socket(fileno=conn.fd)
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-                count += 1
-            finally:
-                sock.detach()
-    return count
-
-
-# The signal that wakes the main thread out of a blocking call so that NVRx's asynchronous
-# RankShouldRestart, which only lands while Python code runs, reaches a rank that sleeps or waits in
-# a system call (a hang the soft timeout caught while the process is still alive).
-POKE_SIGNAL: Final = signal.SIGUSR2
-POKE_INTERVAL_SECONDS: Final = 0.05
-POKE_LIMIT_SECONDS: Final = 5.0
-
-
-def _ignore_poke(_signum: int, _frame: object) -> None:
-    """Runs Python code in the main thread: the pending asynchronous exception is raised here."""
-
-
-class MainThreadPoker:
-    """Signals the main thread every 50 ms, from the abort until the restart is delivered."""
-
-    def __init__(self) -> None:
-        self._delivered = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @staticmethod
-    def install() -> None:
-        """From the main thread, before the wrapper runs: the handler that makes a poke harmless."""
-        signal.signal(POKE_SIGNAL, _ignore_poke)
-        signal.siginterrupt(POKE_SIGNAL, False)
-
-    def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._delivered.clear()
-        self._thread = threading.Thread(target=self._poke, name="rtj-poke-main", daemon=True)
-        self._thread.start()
-
-    def delivered(self) -> None:
-        """The main thread has the restart (it reached the next iteration or an exception handler)."""
-        self._delivered.set()
-
-    def _poke(self) -> None:
-        main = threading.main_thread().ident
-        if main is None:
-            return
-        deadline = POKE_LIMIT_SECONDS / POKE_INTERVAL_SECONDS
-        count = 0
-        while not self._delivered.wait(POKE_INTERVAL_SECONDS) and count < deadline:
-            with contextlib.suppress(OSError, ProcessLookupError):
-                signal.pthread_kill(main, POKE_SIGNAL)
-            count += 1
+# NVRx's in-process layer, which NVRx 0.6 deprecated: a release without it stops here, with the
+# fallback in the error (rtj_trainer.library.nvrx_inprocess). What needs nothing of it is in `interrupt`.
+inprocess: Any = rtj_trainer.in_process_layer()
 
 
 class AbortProcessGroup(inprocess.abort.Abort):  # type: ignore[misc]
@@ -162,34 +88,6 @@ class IterationBudget(inprocess.health_check.HealthCheck):  # type: ignore[misc]
         return state
 
 
-class WorldBrokenError(RuntimeError):
-    """A terminated active rank and no reserve rank left to take its index: the world cannot go on."""
-
-
-def reassign(rank: int, world_size: int, terminated: Collection[int], active: int) -> tuple[int, int]:
-    """The next rank and world size of ``rank`` after ``terminated`` ranks left the world.
-
-    Active ranks (below ``active``) keep their index, so their state stays theirs; each terminated
-    active index goes to the lowest healthy reserve rank, in order; the remaining reserve ranks
-    close up behind the active ones. Raises WorldBrokenError when the reserve runs out.
-    """
-    gone = set(terminated)
-    if rank in gone:
-        raise ValueError(f"rank {rank} is terminated")
-    gaps = sorted(r for r in gone if r < active)
-    reserve = sorted(r for r in range(active, world_size) if r not in gone)
-    if len(reserve) < len(gaps):
-        raise WorldBrokenError(
-            f"{len(gaps)} active rank(s) {gaps} lost and {len(reserve)} reserve rank(s) left"
-        )
-    if rank < active:
-        return rank, world_size - len(gone)
-    position = reserve.index(rank)
-    if position < len(gaps):
-        return gaps[position], world_size - len(gone)
-    return active + position - len(gaps), world_size - len(gone)
-
-
 class ReplaceFromReserve(inprocess.rank_assignment.RankAssignment):  # type: ignore[misc]
     """NVRx rank assignment of the supervisor's fixed world: ``reassign``; active ranks call the
     training function, reserve ranks wait inside the wrapper."""
@@ -198,8 +96,7 @@ class ReplaceFromReserve(inprocess.rank_assignment.RankAssignment):  # type: ign
         self.active = active_world_size
 
     def __call__(self, ctx: Any) -> Any:
-        from nvidia_resiliency_ext.inprocess.state import Mode
-
+        Mode = inprocess.state.Mode  # noqa: N806 - NVRx's enum, by its name
         state = ctx.state
         if state.rank in ctx.terminated_ranks:
             raise inprocess.rank_assignment.RankDiscarded(f"rank={state.rank} terminated")

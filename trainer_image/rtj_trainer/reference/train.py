@@ -22,13 +22,14 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import gc
 import logging
 import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import torch
@@ -36,6 +37,7 @@ import torch.distributed as dist
 
 import rtj_trainer
 from rtj_trainer.reference import replica
+from rtj_trainer.reference.interrupt import MainThreadPoker, WorldBrokenError
 from rtj_trainer.reference.model import (
     ModelConfig,
     batch_for_step,
@@ -45,7 +47,6 @@ from rtj_trainer.reference.model import (
     shard_model,
     transition_table,
 )
-from rtj_trainer.reference.restart import MainThreadPoker, WorldBrokenError
 from rtj_trainer.rehearsal import faults as faults_mod
 
 log = logging.getLogger("rtj_trainer")
@@ -652,6 +653,30 @@ def warm_up(cfg: ModelConfig, device: torch.device, lr: float) -> None:
     opt.step()
 
 
+def training_entry(trainer: Trainer, env: rtj_trainer.JobSettings) -> Callable[[], int]:
+    """``trainer.run`` under in-process restart (``restart.restartable``, disabled there when
+    ``RTJ_INPROCESS_ENABLED=false``). With in-process restart off on an NVRx release that no longer
+    has it (NVRx deprecated it in 0.6), the function alone: ft_launcher and the operator recover
+    every fault (``rtj_trainer.library.nvrx_inprocess``)."""
+    if not env.inprocess_enabled and not rtj_trainer.in_process_available():
+        log.info("in-process restart is off and NVRx has none: training runs without its wrapper")
+        return functools.partial(trainer.run, None)
+    from rtj_trainer.reference.restart import restartable
+
+    # Supervisor mode: the store pod serves the wrapper's store on MASTER_PORT and the process
+    # groups' on the next port; otherwise ft_launcher's is on MASTER_PORT and rank 0 hosts the others.
+    wrapper_port = trainer.master_port + (0 if env.supervised else WRAPPER_STORE_PORT_OFFSET)
+    return restartable(
+        trainer.run,
+        env,
+        store_host=trainer.master_addr,
+        store_port=wrapper_port,
+        keep_ports=(trainer.master_port, trainer.master_port + PG_STORE_PORT_OFFSET, wrapper_port),
+        poker=trainer.poker,
+        active_world_size=trainer.world_size if env.supervised else None,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -661,23 +686,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ensure_rank_env()
     env = rtj_trainer.JobSettings.from_environ(os.environ)
-    from rtj_trainer.reference.restart import restartable
-
     trainer = Trainer(args, env, rtj_trainer.install_drain_handler())
     trainer.poker = MainThreadPoker()
     trainer.poker.install()
-    # Supervisor mode: the store pod serves the wrapper's store on MASTER_PORT and the process
-    # groups' on the next port; otherwise ft_launcher's is on MASTER_PORT and rank 0 hosts the others.
-    wrapper_port = trainer.master_port + (0 if env.supervised else WRAPPER_STORE_PORT_OFFSET)
-    train = restartable(
-        trainer.run,
-        env,
-        store_host=trainer.master_addr,
-        store_port=wrapper_port,
-        keep_ports=(trainer.master_port, trainer.master_port + PG_STORE_PORT_OFFSET, wrapper_port),
-        poker=trainer.poker,
-        active_world_size=trainer.world_size if env.supervised else None,
-    )
+    train = training_entry(trainer, env)
     warm_up(trainer.cfg, trainer.device, trainer.args.lr)
     # Everything imported and built so far lives as long as the process: out of the collector's
     # sight, NVRx's full collection between two in-process iterations takes microseconds instead of

@@ -6,7 +6,7 @@ first ``nnodes * nproc`` are active and the rest are NVRx reserve ranks (torch i
 inside the in-process wrapper). The world's stores live in the job's store pod
 (``rtj_trainer.runtime.store``). There is no ft_launcher and no torchelastic rendezvous: a rank that
 dies, or a node that is lost, is replaced in-process by a reserve rank
-(``rtj_trainer.reference.restart.reassign``), and the surviving ranks' processes go on. So this
+(``rtj_trainer.reference.interrupt.reassign``), and the surviving ranks' processes go on. So this
 supervisor does not restart anything: one rank's death leaves its siblings running. The pod's exit
 status: 0 once every local rank has ended and one of them finished the training; otherwise the first
 failure's (the operator then restarts the job: a world that can no longer go on, for instance with
