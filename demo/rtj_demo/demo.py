@@ -34,6 +34,7 @@ from rtj_demo.rehearsal import (
     Observation,
     PlannedFault,
     Stack,
+    example_nodes,
     mid_interval,
     run_job,
 )
@@ -44,7 +45,6 @@ QUICK_STEPS = 120
 # Seconds each step waits, like a step on an accelerator: the planned faults stay apart, and a node
 # loss injected when the demo sees its step finds the run far from its end.
 DEFAULT_STEP_SLEEP = 0.1
-JOB_NODES = 2
 
 
 def checkpoint_interval(steps: int) -> int:
@@ -78,10 +78,9 @@ def fault_plan(steps: int, launcher: str = configurations.SUPERVISOR) -> list[Pl
 
 
 def needed_nodes(configuration: configurations.Configuration, plan: list[PlannedFault]) -> int:
-    """A node per pod of the job, one to replace each node it loses, and one more as slack (a pod
-    still leaving a node)."""
+    """The nodes the demo's one job needs (`configurations.cluster_nodes`)."""
     losses = sum(1 for f in plan if f.kind == "node-loss")
-    return configurations.pods(configuration.spec_patch, JOB_NODES) + losses + 1
+    return configurations.cluster_nodes([configuration.spec_patch], losses, example_nodes())
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -201,7 +200,7 @@ def write_outputs(
             result.timeline,
             report,
             out / "timeline.png",
-            title=f"rtj demo ({configuration.launcher}): {JOB_NODES} nodes x 2 ranks, "
+            title=f"rtj demo ({configuration.launcher}): {example_nodes()} nodes x 2 ranks, "
             f"{report.final_step} steps, {len(plan)} faults",
         )
     return paths

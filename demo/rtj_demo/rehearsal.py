@@ -120,6 +120,11 @@ class JobResult:
     manifests: list[dict[str, Any]] = field(default_factory=list)  # what was submitted
 
 
+def example_nodes() -> int:
+    """How many worker nodes the example job runs on (its `spec.nodes`)."""
+    return int(load_example()["spec"]["nodes"])
+
+
 def load_example() -> dict[str, Any]:
     if not EXAMPLE_JOB.is_file():
         raise MissingComponentError(

@@ -212,16 +212,11 @@ def attribute_fault(
     step_at_fault = before[-1].step if before else None
     first_after = after[0] if after else None
     window_end = first_after.time if first_after else next_fault_time
-    acting = [
-        r.layer
-        for r in recoveries
-        if r.time >= fault.time and (window_end is None or r.time <= window_end) and r.layer in LAYER_ORDER
-    ]
+    end = window_end if window_end is not None else float("inf")
+    in_window = [r for r in recoveries if fault.time <= r.time <= end]
+    acting = [r.layer for r in in_window if r.layer in LAYER_ORDER]
     recovered_by = max(acting, key=LAYER_ORDER.index) if acting else None
-    first_acting = min(
-        (r.time for r in recoveries if r.time >= fault.time and (window_end is None or r.time <= window_end)),
-        default=None,
-    )
+    first_acting = min((r.time for r in in_window), default=None)
     stall = _stall(fault.time, before[-1] if before else None, first_after, first_acting, median_step_seconds)
     resumed_from = first_after.step - 1 if first_after else None
     steps_lost = None

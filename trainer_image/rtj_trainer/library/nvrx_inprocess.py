@@ -67,22 +67,23 @@ def in_process_available() -> bool:
 
 def wrap(fn: Callable[[Any], int], requested: Mapping[str, Any], *, cuda: bool) -> Callable[[], int]:
     """``fn`` under ``inprocess.Wrapper(**requested)``, as ``rtj_trainer.wrap_in_process`` says."""
-    wrapper = in_process_layer().Wrapper(**wrapper_kwargs(requested))
+    layer = in_process_layer()
+    wrapper = layer.Wrapper(**wrapper_kwargs(layer, requested))
     limit_restart_health_check(wrapper, requested.get("health_check"), cuda=cuda)
-    return wrapped_entry(wrapper, fn)
+    return wrapped_entry(layer, wrapper, fn)
 
 
-def wrapper_kwargs(requested: Mapping[str, Any]) -> dict[str, Any]:
+def wrapper_kwargs(layer: Any, requested: Mapping[str, Any]) -> dict[str, Any]:
     """Keep the keyword arguments the installed ``inprocess.Wrapper`` accepts.
 
     Releases add and rename tuning knobs; a knob the installed release lacks falls back to its
     default rather than failing the job.
     """
-    accepted = inspect.signature(in_process_layer().Wrapper.__init__).parameters
+    accepted = inspect.signature(layer.Wrapper.__init__).parameters
     return {k: v for k, v in requested.items() if k in accepted}
 
 
-def wrapped_entry(wrapper: Any, fn: Callable[[Any], int]) -> Callable[[], int]:
+def wrapped_entry(layer: Any, wrapper: Any, fn: Callable[[Any], int]) -> Callable[[], int]:
     """``wrapper(fn)`` where ``fn(call_wrapper)`` receives the ``CallWrapper`` (None when disabled).
 
     The wrapper finds the parameter to fill by its annotation, evaluated with ``issubclass``: string
@@ -96,7 +97,7 @@ def wrapped_entry(wrapper: Any, fn: Callable[[Any], int]) -> Callable[[], int]:
         "call_wrapper",
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         default=None,
-        annotation=Optional[in_process_layer().CallWrapper],  # noqa: UP045 - the wrapper matches typing.Union
+        annotation=Optional[layer.CallWrapper],  # noqa: UP045 - the wrapper matches typing.Union
     )
     entry.__signature__ = inspect.Signature([parameter])  # type: ignore[attr-defined]
     wrapped: Callable[[], int] = wrapper(entry)

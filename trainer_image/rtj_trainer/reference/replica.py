@@ -290,6 +290,15 @@ class MemoryTier:
         self._wire_in: torch.Tensor | None = None
         self._spare: torch.Tensor | None = None
 
+    def replica_at(self, of_index: int, step: int) -> Replica | None:
+        """The held replica of ``of_index`` at ``step``, of either generation, or None."""
+        held = (r for r in (self.replica, self.previous) if r is not None)
+        return next((r for r in held if (r.of_index, r.step) == (of_index, step)), None)
+
+    def own_at(self, step: int) -> OwnSnapshot | None:
+        """This rank's own snapshot of ``step``, of either generation, or None."""
+        return next((o for o in (self.own, self.previous_own) if o is not None and o.step == step), None)
+
     @property
     def replica_step(self) -> int:
         return self.replica.step if self.replica is not None else -1
@@ -585,10 +594,7 @@ def execute_transfers(
 def _replica_to_send(tier: MemoryTier, step: int, sends: Sequence[Transfer]) -> Replica | None:
     if not sends:
         return None
-    wanted = (sends[0].receiver, step)
-    replica = next(
-        (r for r in (tier.replica, tier.previous) if r is not None and (r.of_index, r.step) == wanted), None
-    )
+    replica = tier.replica_at(sends[0].receiver, step)
     if len(sends) > 1 or replica is None:
         held = f"index {tier.replica_of} at step {tier.replica_step}"
         raise RuntimeError(
@@ -621,7 +627,7 @@ def _layout_difference(got: Layout, expected: Layout) -> str:
 
 def own_state(tier: MemoryTier, step: int) -> dict[str, torch.Tensor]:
     """This rank's own snapshot of ``step`` as tensors by name (host views into its buffer)."""
-    own = next((o for o in (tier.own, tier.previous_own) if o is not None and o.step == step), None)
+    own = tier.own_at(step)
     if own is None:
         raise RuntimeError(f"this rank holds no snapshot of its own state at step {step}")
     host = own.payload if own.payload.device.type == "cpu" else own.payload.to("cpu")
