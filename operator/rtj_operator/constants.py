@@ -65,8 +65,9 @@ TRAINER_GID: Final = 10001
 
 # The environment contract (docs/architecture.md, "Environment contract"): the renderer sets these on
 # every worker and spare container (RTJ_NODE_RANK on workers only, but for Supervisor; RTJ_FAULTS only
-# through spec.env; ENV_SUPERVISOR_ONLY under faultTolerance.launcher Supervisor only; ENV_WHEN_SET only
-# when the spec sets the field they come from).
+# through spec.env; ENV_SUPERVISOR_ONLY under faultTolerance.launcher Supervisor only, but for the store's
+# address, also set under FtLauncher with rendezvous.host StorePod; ENV_WHEN_SET only when the spec
+# sets the field they come from).
 # rtj_trainer.library.env keeps the trainer's copy of the names; tests/api compares the two.
 ENV_JOB_NAME: Final = "RTJ_JOB_NAME"
 ENV_NAMESPACE: Final = "RTJ_NAMESPACE"

@@ -580,6 +580,11 @@ class JobView:
         """faultTolerance.launcher Supervisor: one world of every pod's ranks, and a store pod."""
         return self.model.spec.fault_tolerance.launcher is api.Launcher.SUPERVISOR
 
+    @property
+    def store_pod(self) -> bool:
+        """Whether the job runs a store pod (Supervisor's, or FtLauncher's with rendezvous.host StorePod)."""
+        return api.has_store_pod(self.model.spec)
+
 
 def observe_job(body: Mapping[str, Any]) -> JobView:
     """The job as the decisions see it; raises `JobValidationError` naming the fields that are invalid.

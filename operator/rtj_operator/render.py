@@ -33,6 +33,7 @@ from rtj_operator.api import (
     ResilientTrainingJob,
     RetentionPolicy,
 )
+from rtj_operator.api import has_store_pod as api_has_store_pod
 from rtj_operator.profiles import (
     EFA_RESOURCE,
     GPU_RESOURCE,
@@ -45,6 +46,7 @@ __all__ = [
     "Replacement",
     "checkpoint_claim_name",
     "ft_launcher_config_yaml",
+    "has_store_pod",
     "is_supervisor",
     "render",
     "render_base",
@@ -102,6 +104,12 @@ STORE_READINESS_PERIOD_SECONDS = 2
 def is_supervisor(job: ResilientTrainingJob) -> bool:
     """Whether the job runs under faultTolerance.launcher Supervisor (one world, a store pod)."""
     return job.spec.fault_tolerance.launcher is Launcher.SUPERVISOR
+
+
+def has_store_pod(job: ResilientTrainingJob) -> bool:
+    """Whether the job runs a store pod (Supervisor's world stores, or FtLauncher's rendezvous on
+    rendezvous.host StorePod): `rtj_operator.api.has_store_pod`."""
+    return api_has_store_pod(job.spec)
 
 
 def slot(job: ResilientTrainingJob, role: str, index: int) -> int:
@@ -174,6 +182,21 @@ def _supervisor_env(job: ResilientTrainingJob, role: str, index: int) -> list[tu
     ]
 
 
+def _rendezvous_env(job: ResilientTrainingJob) -> list[tuple[str, str]]:
+    """Where ft_launcher's rendezvous is: worker 0's name, or the store pod's. With a store pod the
+    store's address is set too, which tells rtj-launch that no worker hosts the rendezvous."""
+    c, port = constants, str(job.spec.rendezvous.port)
+    if not has_store_pod(job) or is_supervisor(job):  # Supervisor's store variables: _supervisor_env
+        return [(c.ENV_RDZV_HOST, names.rendezvous_host(job.name, job.namespace)), (c.ENV_RDZV_PORT, port)]
+    store = names.store_host(job.name, job.namespace)
+    return [
+        (c.ENV_RDZV_HOST, store),
+        (c.ENV_RDZV_PORT, port),
+        (c.ENV_STORE_HOST, store),
+        (c.ENV_STORE_PORT, port),
+    ]
+
+
 def _optional_env(job: ResilientTrainingJob) -> list[tuple[str, str]]:
     """The variables of optional fields (constants.ENV_WHEN_SET), each only where its field is set."""
     spec, c = job.spec, constants
@@ -227,8 +250,7 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int) -> list[
         # Spares stay outside the rendezvous, so the most nodes in it is spec.nodes.
         (c.ENV_NNODES_MAX, str(spec.nodes)),
         (c.ENV_NPROC_PER_NODE, str(processes_per_node(spec))),
-        (c.ENV_RDZV_HOST, names.rendezvous_host(job.name, job.namespace)),
-        (c.ENV_RDZV_PORT, str(spec.rendezvous.port)),
+        *_rendezvous_env(job),
         (c.ENV_CHECKPOINT_DIR, names.checkpoint_dir(job.name, job.spec.checkpoint.mount_path)),
         (c.ENV_CHECKPOINT_INTERVAL_STEPS, str(ckpt.interval_steps)),
         (c.ENV_CHECKPOINT_KEEP, str(ckpt.keep)),
@@ -314,10 +336,10 @@ def _affinity(
 
 
 def _trainer_pods_selector(job: ResilientTrainingJob) -> dict[str, Any]:
-    """The job's worker and spare pods. Under Supervisor the store pod carries the job's label too, and
-    must neither steer the workers' zone (pod affinity) nor count as their peer: it is kept out."""
+    """The job's worker and spare pods. A store pod carries the job's label too, and must neither steer
+    the workers' zone (pod affinity) nor count as their peer: it is kept out."""
     selector: dict[str, Any] = {"matchLabels": names.selector_labels(job.name)}
-    if is_supervisor(job):
+    if has_store_pod(job):
         selector["matchExpressions"] = [
             {
                 "key": constants.LABEL_ROLE,
@@ -500,10 +522,10 @@ def _same_topology_affinity(job: ResilientTrainingJob) -> dict[str, Any] | None:
 
 
 def _disruption_annotations(job: ResilientTrainingJob, role: str) -> dict[str, str]:
-    """karpenter.sh/do-not-disrupt when spec.disruption.doNotDisrupt: on workers, and under Supervisor
-    on the spares (they run ranks of the world) and the store pod (its loss restarts every pod);
+    """karpenter.sh/do-not-disrupt when spec.disruption.doNotDisrupt: on workers, on the store pod (its
+    loss restarts every pod), and under Supervisor on the spares (they run ranks of the world);
     FtLauncher's spares may go."""
-    protected = role == constants.ROLE_WORKER or is_supervisor(job)
+    protected = role in (constants.ROLE_WORKER, constants.ROLE_STORE) or is_supervisor(job)
     if protected and job.spec.disruption.do_not_disrupt:
         return {constants.ANNOTATION_DO_NOT_DISRUPT: "true"}
     return {}
@@ -781,14 +803,16 @@ def render_spare_pod(
     return _pod(job, _job_uid(job, uid), constants.ROLE_SPARE, index, placement)
 
 
-# --- the store pod (faultTolerance.launcher Supervisor) -------------------------------------------------
+# --- the store pod (Supervisor, or FtLauncher with rendezvous.host StorePod) ------------------------------
 
 
 def render_store_pod(
     job: ResilientTrainingJob, *, uid: str | None = None, excluded_nodes: Iterable[str] = ()
 ) -> dict[str, Any]:
-    """The store pod ``J-store`` of a Supervisor job: ``rtj-store --port P`` serves the world's TCP
-    stores on rendezvous.port P (NVRx's wrapper store) and P + 1 (the process groups').
+    """The store pod ``J-store``. Supervisor: ``rtj-store --port P`` serves the world's TCP stores on
+    rendezvous.port P (NVRx's wrapper store) and P + 1 (the process groups'). FtLauncher with
+    rendezvous.host StorePod: ``rtj-store --port P --rendezvous-id UID --nnodes N`` hosts
+    ft_launcher's rendezvous on P, so that no worker's node holds it.
 
     Small (100m CPU, 256Mi), no GPU, EFA or instance-type requirement, hardened like the trainer, and
     never on a node that runs one of the job's workers or spares (required pod anti-affinity), so that
@@ -796,9 +820,10 @@ def render_store_pod(
     node-loss taints for nodeLossGraceSeconds, like the workers. Its hostname and subdomain give it the
     stable name ``J-store.<service>.<ns>.svc`` (RTJ_STORE_HOST on the workers).
     """
-    if not is_supervisor(job):
+    if not has_store_pod(job):
         raise ValueError(
-            f"job {job.namespace}/{job.name} has no store pod: faultTolerance.launcher is not Supervisor"
+            f"job {job.namespace}/{job.name} has no store pod: faultTolerance.launcher is not Supervisor "
+            "and rendezvous.host is not StorePod"
         )
     spec = job.spec
     owner = _job_uid(job, uid)
@@ -843,13 +868,12 @@ def _store_container(job: ResilientTrainingJob, uid: str) -> dict[str, Any]:
         "name": names.STORE_CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy.value,
-        "command": [*_runtime_entry(job, STORE_COMMAND), "--port", str(port)],
+        "command": [*_runtime_entry(job, STORE_COMMAND), *_store_args(job, uid)],
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": env,
         "ports": [
-            {"name": names.STORE_PORT_NAME, "containerPort": port, "protocol": "TCP"},
-            {"name": names.STORE_GROUPS_PORT_NAME, "containerPort": port + 1, "protocol": "TCP"},
+            {"name": name, "containerPort": number, "protocol": "TCP"} for name, number in _store_ports(job)
         ],
         "readinessProbe": {
             "tcpSocket": {"port": port},
@@ -863,6 +887,22 @@ def _store_container(job: ResilientTrainingJob, uid: str) -> dict[str, Any]:
             *_runtime_mounts(job),
         ],
     }
+
+
+def _store_args(job: ResilientTrainingJob, uid: str) -> list[str]:
+    """rtj-store's arguments: the ports; for FtLauncher the rendezvous it hosts (id and node count)."""
+    port = ["--port", str(job.spec.rendezvous.port)]
+    if is_supervisor(job):
+        return port
+    return [*port, "--rendezvous-id", uid, "--nnodes", str(job.spec.nodes)]
+
+
+def _store_ports(job: ResilientTrainingJob) -> list[tuple[str, int]]:
+    """The store pod's named ports: P, and under Supervisor P + 1 (the process groups' store)."""
+    port = job.spec.rendezvous.port
+    if not is_supervisor(job):
+        return [(names.STORE_PORT_NAME, port)]
+    return [(names.STORE_PORT_NAME, port), (names.STORE_GROUPS_PORT_NAME, port + 1)]
 
 
 def _store_affinity(job: ResilientTrainingJob, excluded_nodes: Iterable[str]) -> dict[str, Any]:
@@ -895,22 +935,17 @@ def _store_tolerations(job: ResilientTrainingJob) -> list[dict[str, Any]]:
 def render_service(job: ResilientTrainingJob, *, uid: str | None = None) -> dict[str, Any]:
     """The headless Service: DNS records for workers before they are ready (rendezvous needs them).
 
-    Under Supervisor it selects every pod of the job, so that the store pod has its DNS name too (a
-    pod's hostname record needs the Service to select it), and names both of the store's ports.
+    With a store pod it selects every pod of the job, so that the store pod has its DNS name too (a
+    pod's hostname record needs the Service to select it), and names the store's ports.
     """
     port = job.spec.rendezvous.port
     selector = {**names.selector_labels(job.name), constants.LABEL_ROLE: constants.ROLE_WORKER}
     ports = [{"name": names.RENDEZVOUS_PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}]
-    if is_supervisor(job):
+    if has_store_pod(job):
         selector = names.selector_labels(job.name)
         ports = [
-            {"name": names.STORE_PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"},
-            {
-                "name": names.STORE_GROUPS_PORT_NAME,
-                "port": port + 1,
-                "targetPort": port + 1,
-                "protocol": "TCP",
-            },
+            {"name": name, "port": number, "targetPort": number, "protocol": "TCP"}
+            for name, number in _store_ports(job)
         ]
     return {
         "apiVersion": "v1",
@@ -1017,7 +1052,7 @@ def render(
     job: ResilientTrainingJob, *, uid: str | None = None, excluded_nodes: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
     """Every child of the job, in creation order: ServiceAccount, storage, Service,
-    (PodDisruptionBudget, PodGroup), (the store pod, under Supervisor), workers, spares.
+    (PodDisruptionBudget, PodGroup), (the store pod, when the job has one), workers, spares.
 
     ``uid`` defaults to ``job.metadata.uid`` (owner references and the rendezvous id need one);
     ``excluded_nodes`` are kept out of every pod's node affinity. Suspended jobs still render their
@@ -1027,7 +1062,7 @@ def render(
     excluded = tuple(excluded_nodes)
     return [
         *render_base(job, uid=owner),
-        *([render_store_pod(job, uid=owner, excluded_nodes=excluded)] if is_supervisor(job) else []),
+        *([render_store_pod(job, uid=owner, excluded_nodes=excluded)] if has_store_pod(job) else []),
         *(render_worker_pod(job, i, uid=owner, excluded_nodes=excluded) for i in range(job.spec.nodes)),
         *(render_spare_pod(job, k, uid=owner, excluded_nodes=excluded) for k in range(job.spec.hot_spares)),
     ]

@@ -27,6 +27,7 @@ from operator_cluster import (
 )
 from rtj_localcluster.binaries import program
 from rtj_localcluster.cluster import LocalCluster
+from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import create_namespace, kubectl, wait_for
 from rtj_operator import constants, events
 from rtj_operator.main import EmbeddedOperator
@@ -240,6 +241,48 @@ def test_deleted_node_of_worker_zero_is_excluded_and_the_gang_restarted(
             "reason": "NodeDeleted",
         }
         assert events.GANG_RESTART in event_reasons(kc, "default", "gang")
+
+
+@CPU_CLUSTER
+def test_deleted_node_of_worker_zero_is_one_replacement_with_the_rendezvous_in_the_store_pod(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    kc = cluster.kubeconfig_path
+    with EmbeddedOperator(str(kc), namespaces=["default"]):
+        rendezvous = {"host": "StorePod", "port": reserve_port()}
+        apply(kc, job_manifest("hosted", "default", nodes=2, rendezvous=rendezvous), tmp_path)
+        wait_state(kc, "default", "hosted", "Running")
+        before = pods(kc, "default", "hosted")
+        assert set(before) == {"hosted-store", "hosted-worker-0", "hosted-worker-1"}
+        # The store pod's command is the rendezvous host's, and it never shares a worker's node.
+        store_spec = before["hosted-store"]["spec"]
+        assert "--rendezvous-id" in store_spec["containers"][0]["command"]
+        lost = before["hosted-worker-0"]["spec"]["nodeName"]
+        worker_nodes = {p["spec"]["nodeName"] for n, p in before.items() if "worker" in n}
+        assert store_spec["nodeName"] not in worker_nodes
+        cluster.delete_node(lost)
+        wait_for(
+            lambda: job_status(kc, "default", "hosted").get("restarts", {}).get("podReplacement") == 1,
+            timeout=60,
+            message="the loss to be counted",
+        )
+        wait_for(
+            lambda: (
+                (p := pods(kc, "default", "hosted").get("hosted-worker-0")) is not None
+                and p["metadata"]["uid"] != before["hosted-worker-0"]["metadata"]["uid"]
+            ),
+            timeout=60,
+            message="worker 0's replacement",
+        )
+        status = wait_state(kc, "default", "hosted", "Running", timeout=90)
+        after = pods(kc, "default", "hosted")
+        # Only worker 0's pod is new: worker 1 and the store pod (the rendezvous) went on.
+        for name in ("hosted-store", "hosted-worker-1"):
+            assert after[name]["metadata"]["uid"] == before[name]["metadata"]["uid"], name
+        assert lost not in {p["spec"]["nodeName"] for p in after.values()}
+        assert status["restarts"]["podReplacement"] == 1 and status["store"]["state"] == "Running"
+        reasons = event_reasons(kc, "default", "hosted")
+        assert events.GANG_RESTART not in reasons and events.WORKER_REPLACED in reasons
 
 
 @CPU_CLUSTER

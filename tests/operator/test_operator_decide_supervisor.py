@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from operator_world import SPARE, WORKER, World, job_body, node_of
 from rtj_operator import decide, events
 
@@ -50,8 +51,13 @@ def test_the_store_pod_is_created_before_the_workers_and_recorded_apart_from_the
     assert status["workers"]["ready"] == 2 and status["workers"]["readySpares"] == 1
 
 
-def test_the_job_is_not_ready_while_its_store_pod_does_not_run() -> None:
-    world = World.with_nodes(job_body(nodes=2, faultTolerance=SUPERVISOR), 4)
+@pytest.mark.parametrize(
+    "store_pod_spec",
+    [{"faultTolerance": SUPERVISOR}, {"rendezvous": {"host": "StorePod"}}],
+    ids=["supervisor", "ft-launcher-rendezvous"],
+)
+def test_the_job_is_not_ready_while_its_store_pod_does_not_run(store_pod_spec: dict[str, Any]) -> None:
+    world = World.with_nodes(job_body(nodes=2, **store_pod_spec), 4)
     world.reconcile()
     world.schedule()
     world.kubelets()

@@ -95,6 +95,19 @@ def test_argv_other_nodes_dial_the_host_and_do_not_host(node_rank: int) -> None:
     assert argv[-6:] == ["--no-python", *SHIM, "rtj-train"]
 
 
+def test_argv_with_a_store_pod_no_node_hosts_the_rendezvous() -> None:
+    # rendezvous.host StorePod: the store pod's address is set, and worker 0 is a client like the rest.
+    for node_rank in ("0", "1"):
+        argv = launch.ft_launcher_argv(
+            contract_env(RTJ_NODE_RANK=node_rank, RTJ_STORE_HOST="j-store.j.ns.svc", RTJ_STORE_PORT="29500"),
+            rdzv_address="10.0.0.9",
+            command=["rtj-train"],
+            cpu=True,
+            nvrx_version=NVRX_0_4_1,
+        )
+        assert "--rdzv-conf=is_host=0" in argv and "--rdzv-endpoint=10.0.0.9:29500" in argv
+
+
 def test_argv_keeps_user_arguments_verbatim() -> None:
     hostile = ["rtj-train", "--name", "x; rm -rf / $(id) `id`", "--steps=5"]
     argv = launch.ft_launcher_argv(

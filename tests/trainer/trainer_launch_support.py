@@ -84,9 +84,11 @@ def start_node(
     steps: int,
     train_args: tuple[str, ...] = (),
     name: str = "",
+    address: str = "",
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """One "node": ``rtj-launch -- rtj-train`` in its own process group, its TMPDIR and log named
-    ``name`` (default ``node<N>``, a replacement node takes another name)."""
+    ``name`` (default ``node<N>``, a replacement node takes another name), on its own loopback
+    ``address`` (default: the node rank's)."""
     name = name or f"node{node}"
     tmp = workdir / f"tmp-{name}"
     tmp.mkdir(parents=True)
@@ -98,7 +100,7 @@ def start_node(
                 **base,
                 "TMPDIR": str(tmp),
                 "RTJ_NODE_RANK": str(node),
-                "RTJ_POD_IP": node_address(node),
+                "RTJ_POD_IP": address or node_address(node),
                 "RTJ_PROGRESS_PORT": str(reserve_port()),
             },
             stdout=log_file,
@@ -113,6 +115,19 @@ def read_progress(workdir: Path) -> list[dict[str, Any]]:
     if not progress_file.exists():
         return []
     return [json.loads(line) for line in progress_file.read_text().splitlines()]
+
+
+def lose_node(proc: subprocess.Popen[bytes]) -> None:
+    """A node's loss: SIGKILL to every process the "node" started, ft_launcher's workers too (they run
+    in sessions of their own, out of reach of the node's process group)."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        tree = psutil.Process(proc.pid)
+        for process in [tree, *tree.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+    proc.wait()
 
 
 def kill_nodes(procs: list[subprocess.Popen[bytes]]) -> None:

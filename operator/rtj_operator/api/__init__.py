@@ -63,12 +63,14 @@ from rtj_operator.api.spec import (
     Launcher,
     PodDisruptionBudgetSpec,
     ProgressSpec,
+    RendezvousHost,
     RendezvousSpec,
     ResilientTrainingJobSpec,
     ResourceOverrides,
     RetentionPolicy,
     SchedulingSpec,
     StorageSpec,
+    has_store_pod,
     library_only_fields_set,
 )
 from rtj_operator.api.status import (
@@ -151,6 +153,7 @@ __all__ = [
     "ProgressStatus",
     "RecentFault",
     "RecoveryStatus",
+    "RendezvousHost",
     "RendezvousSpec",
     "ResilientTrainingJob",
     "ResilientTrainingJobSpec",
@@ -169,6 +172,7 @@ __all__ = [
     "check_update",
     "crd",
     "crd_yaml",
+    "has_store_pod",
     "library_only_fields_set",
     "parse_job",
 ]

@@ -133,6 +133,13 @@ class Launcher(enum.StrEnum):
     SUPERVISOR = "Supervisor"
 
 
+class RendezvousHost(enum.StrEnum):
+    # Worker0: worker 0's ft_launcher hosts the c10d store; losing worker 0's node restarts every pod.
+    WORKER0 = "Worker0"
+    # StorePod: a small store pod of the job's own hosts it; losing any worker's node is one replacement.
+    STORE_POD = "StorePod"
+
+
 class RetentionPolicy(enum.StrEnum):
     # Retain: the checkpoint claim outlives the job (it carries no owner reference).
     RETAIN = "Retain"
@@ -292,15 +299,36 @@ class SchedulingSpec(ApiModel):
 
 
 class RendezvousSpec(ApiModel):
-    """The c10d rendezvous that worker 0 hosts (FtLauncher), or the store pod's ports (Supervisor)."""
+    """Where ft_launcher's c10d rendezvous lives (FtLauncher), and the ports of the store pod."""
 
     port: Int32 = Field(
         default=29500,
         ge=1,
         le=65535,
-        description="port is the rendezvous (c10d store) port on worker 0 under faultTolerance.launcher "
-        "FtLauncher; under Supervisor the store pod serves the world's store on it and the process "
-        "groups' store on port + 1 (so at most 65534). Optional; default: 29500.",
+        description="port is the rendezvous (c10d store) port, on worker 0 or on the store pod (see "
+        "host) under faultTolerance.launcher FtLauncher; under Supervisor the store pod serves the "
+        "world's store on it and the process groups' store on port + 1 (so at most 65534). Optional; "
+        "default: 29500.",
+    )
+    host: RendezvousHost = Field(
+        default=RendezvousHost.WORKER0,
+        description="host is what hosts the rendezvous under faultTolerance.launcher FtLauncher. "
+        "Worker0: worker 0's ft_launcher, so losing worker 0's node restarts every pod (a gang "
+        "restart). StorePod: a store pod of the job's own (<name>-store: 100m CPU, 256Mi, on a node "
+        "without the job's pods, such as a system node), so losing any worker's node, worker 0's "
+        "included, is one pod replacement; losing the store pod restarts every pod. On NVRx 0.5 and "
+        "later the store pod runs NVRx's nvrx-control (the barrier rendezvous needs a host that closes "
+        "its rounds), before that a plain c10d store. Supervisor always has a store pod. Optional; "
+        "default: Worker0.",
+    )
+
+
+def has_store_pod(spec: ResilientTrainingJobSpec) -> bool:
+    """Whether the job runs a store pod: always under Supervisor (the world's stores), and under
+    FtLauncher when rendezvous.host is StorePod (the rendezvous' store)."""
+    return (
+        spec.fault_tolerance.launcher is Launcher.SUPERVISOR
+        or spec.rendezvous.host is RendezvousHost.STORE_POD
     )
 
 
@@ -647,9 +675,10 @@ class FaultTolerance(ApiModel):
         default=Launcher.FT_LAUNCHER,
         description=(
             "launcher is what runs each pod's training processes. FtLauncher: NVRx's ft_launcher in every "
-            "worker pod, with a rendezvous hosted by worker 0; a rank that dies or hangs restarts the "
-            "processes of every pod (an in-job restart, ~10 s plus the reload of the last checkpoint), "
-            "and the loss of worker 0's node restarts every pod. Supervisor: rtj-launch starts the ranks "
+            "worker pod, with a rendezvous hosted by worker 0 or by a store pod (rendezvous.host); a rank "
+            "that dies or hangs restarts the processes of every pod (an in-job restart, ~10 s plus the "
+            "reload of the last checkpoint), and the loss of worker 0's node restarts every pod unless the "
+            "store pod hosts the rendezvous. Supervisor: rtj-launch starts the ranks "
             "itself in one fixed NVRx in-process world (no ft_launcher, no rendezvous) that the hot "
             "spares' pods join as reserve ranks; a rank that dies or hangs, or a node that is lost (worker "
             "0's included), is replaced in-process by a reserve rank that takes over its index and its "
@@ -1212,8 +1241,8 @@ class ResilientTrainingJobSpec(ApiModel):
     )
     rendezvous: Annotated[RendezvousSpec, Immutable()] = Field(
         default_factory=RendezvousSpec,
-        description="rendezvous configures the c10d rendezvous (FtLauncher) or the store pod's ports "
-        "(Supervisor). Optional. Immutable.",
+        description="rendezvous configures the c10d rendezvous (FtLauncher: its port and host) and "
+        "the store pod's ports. Optional. Immutable.",
     )
     checkpoint: CheckpointSpec = Field(
         description="checkpoint configures checkpoint storage and cadence. Required."

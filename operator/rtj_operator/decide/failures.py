@@ -19,13 +19,16 @@ after that write resumes from `Replacing` without counting again; a crash before
   step too often (`decide.startup`), else charge the verdicts against
   `failurePolicy.maxNodeReplacements` and the windowed `budgets` (or fail the job), record node
   faults, grow the backoff series, and choose the scope: the lost workers, or every worker (a gang
-  restart) when worker 0 (the rendezvous host) was lost or the action is RestartJob (a process
-  failure's default). A failed job is `Ready=False` and `Recovering=False` in the same pass.
-- Under `faultTolerance.launcher` Supervisor the rendezvous host is gone: worker 0's loss is one
-  worker's like any other (its ranks are taken over in-process by reserve ranks; the replacement pod
-  stands by). The world's stores live in the store pod instead, whose loss (`detect_store_loss`) is
-  judged by its class but always restarts the gang; a gang restart there also recreates the store
-  and the spares (their reserve ranks belong to the broken world).
+  restart) when worker 0 hosting the rendezvous (FtLauncher without a store pod) was lost or the
+  action is RestartJob (a process failure's default). A failed job is `Ready=False` and
+  `Recovering=False` in the same pass.
+- With a store pod (`faultTolerance.launcher` Supervisor, or FtLauncher with `rendezvous.host`
+  StorePod) no worker hosts anything: worker 0's loss is one worker's like any other (under Supervisor
+  its ranks are taken over in-process by reserve ranks and the replacement pod stands by; under
+  FtLauncher the next rendezvous round takes the replacement in). The world's stores or the
+  rendezvous live in the store pod instead, whose loss (`detect_store_loss`) is judged by its class
+  but always restarts the gang; a gang restart there also recreates the store and, under Supervisor,
+  the spares (their reserve ranks belong to the broken world).
 - `attribute_late_node_losses`: a worker already being replaced (a gang restart after a process
   failure) whose old pod turns out to sit on a lost node: the node's loss is recorded then.
 - `record_node_fault`: a node's fault history; a deleted node or a repeat offender is excluded for
@@ -75,7 +78,7 @@ class Loss:
 
 def detect_losses(run: PassState) -> list[Loss]:
     found = [detect_loss(run, index) for index in range(run.job.nodes)]
-    if run.job.supervisor:
+    if run.job.store_pod:
         found.append(detect_store_loss(run))
     losses = [loss for loss in found if loss is not None]
     failed = {loss.index for loss in losses if loss.reason == events.WORKER_FAILED}
@@ -90,7 +93,7 @@ def _peer_node_in_doubt(run: PassState, failed: set[int]) -> bool:
     """Whether another worker's node (or the store pod's) is not Ready but still within
     nodeLossGraceSeconds."""
     keys = [(WORKER, index) for index in range(run.job.nodes) if index not in failed]
-    if run.job.supervisor:
+    if run.job.store_pod:
         keys.append(STORE_KEY)
     for role, index in keys:
         entry, pod = run.entry(role, index), run.pod(role, index)
@@ -395,7 +398,7 @@ def _choose_scope(run: PassState, verdicts: list[Verdict]) -> None:
         DEFAULT_ACTIONS[v.fault_class] if v.action == FailureAction.IGNORE else v.action for v in verdicts
     ]
     why = None
-    if not run.job.supervisor and _rendezvous_host_lost(verdicts):
+    if not run.job.store_pod and _rendezvous_host_lost(verdicts):
         why = "worker 0 (the rendezvous host) was lost"
     elif FailureAction.RESTART_JOB in actions:
         why = _gang_restart_cause(run, verdicts)
@@ -407,12 +410,13 @@ def _choose_scope(run: PassState, verdicts: list[Verdict]) -> None:
     run.event(events.WARNING, events.GANG_RESTART, f"restarting all {run.job.nodes} workers: {why}")
     for index in range(run.job.nodes):
         run.entry(WORKER, index).state = EntryState.REPLACING
-    if run.job.supervisor:
+    if run.job.store_pod:
         _rebuild_world(run)
 
 
 def _rendezvous_host_lost(verdicts: list[Verdict]) -> bool:
-    """FtLauncher: worker 0 hosts the rendezvous store; losing its pod (not its processes) loses it."""
+    """FtLauncher without a store pod: worker 0 hosts the rendezvous store; losing its pod (not its
+    processes) loses it."""
     return any(
         v.loss.role == WORKER and v.loss.index == 0 and v.fault_class != FaultClass.PROCESS_FAILURE
         for v in verdicts
@@ -430,11 +434,14 @@ def _gang_restart_cause(run: PassState, verdicts: list[Verdict]) -> str:
 
 
 def _rebuild_world(run: PassState) -> None:
-    """Supervisor: a gang restart forms a new world from scratch. The store pod is recreated (a fresh
-    store: pods that find the old world's marker in it stand by instead of starting ranks) and so are
-    the spares, whose reserve ranks belong to the broken world; `placement` creates no pod until the
-    old store is gone."""
+    """With a store pod, a gang restart forms a new world from scratch. The store pod is recreated (a
+    fresh store: under Supervisor pods that find the old world's marker in it stand by instead of
+    starting ranks; under FtLauncher no old round of the rendezvous is left) and, under Supervisor, so
+    are the spares, whose reserve ranks belong to the broken world; `placement` creates no pod until
+    the old store is gone."""
     run.entry(*STORE_KEY).state = EntryState.REPLACING
+    if not run.job.supervisor:
+        return
     for index in range(run.job.hot_spares):
         pod = run.pod(SPARE, index)
         if pod is not None:

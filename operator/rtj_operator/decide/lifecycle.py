@@ -51,7 +51,7 @@ def remove_surplus(run: PassState) -> None:
     """Pods and entries with an index beyond the spec (it shrank, or someone made them) go."""
     for pod in run.stray:
         run.remove_pod(pod)
-    limits = {WORKER: run.job.nodes, SPARE: run.job.hot_spares, STORE: 1 if run.job.supervisor else 0}
+    limits = {WORKER: run.job.nodes, SPARE: run.job.hot_spares, STORE: 1 if run.job.store_pod else 0}
     for key in [k for k in run.entries if k[1] >= limits.get(k[0], run.job.hot_spares)]:
         del run.entries[key]
 
@@ -93,10 +93,10 @@ def update_running_conditions(run: PassState) -> None:
 
 
 def _store_running(run: PassState) -> bool:
-    """Supervisor: the world cannot form nor go on without its stores, so the job is Ready only while
-    the store pod runs too."""
+    """With a store pod, the world cannot form nor go on without its stores (Supervisor) or its
+    rendezvous (FtLauncher), so the job is Ready only while the store pod runs too."""
     pod = run.pod(*STORE_KEY)
-    return not run.job.supervisor or (
+    return not run.job.store_pod or (
         pod is not None
         and pod.phase == "Running"
         and not pod.deleting
@@ -108,7 +108,7 @@ def _not_ready_message(run: PassState) -> str:
     """`r/n workers ready`, whether the store pod (Supervisor) is not running, and why a worker's (or the
     store's) container cannot start (ErrImagePull, ...) if one says."""
     ready, _, _ = run.worker_counts()
-    keys = [(WORKER, i) for i in range(run.job.nodes)] + ([STORE_KEY] if run.job.supervisor else [])
+    keys = [(WORKER, i) for i in range(run.job.nodes)] + ([STORE_KEY] if run.job.store_pod else [])
     waiting = [
         f"{pod.name}: {pod.waiting}" for key in keys if (pod := run.pod(*key)) is not None and pod.waiting
     ]

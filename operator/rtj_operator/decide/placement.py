@@ -51,8 +51,8 @@ def run_spares(run: PassState) -> None:
 
 
 def run_store(run: PassState) -> None:
-    """Supervisor: drive the store pod toward running; a `Replacing` store's old pod goes first."""
-    if not run.job.supervisor:
+    """A job with a store pod: drive it toward running; a `Replacing` store's old pod goes first."""
+    if not run.job.store_pod:
         return
     entry, pod = run.entry(*STORE_KEY), run.pod(*STORE_KEY)
     if entry.state == EntryState.REPLACING:
@@ -81,10 +81,10 @@ def create_store(run: PassState) -> None:
 
 
 def store_allows_pods(run: PassState) -> bool:
-    """Whether workers and spares may be created (Supervisor): not while a gang restart waits for the
-    old store pod to go, nor while a store pod terminates (a suspended job's, resumed at once), lest
-    they meet an old world's store."""
-    if not run.job.supervisor:
+    """Whether workers and spares may be created (with a store pod): not while a gang restart waits for
+    the old store pod to go, nor while a store pod terminates (a suspended job's, resumed at once),
+    lest they meet an old world's store."""
+    if not run.job.store_pod:
         return True
     pod = run.pod(*STORE_KEY)
     return run.entry(*STORE_KEY).state != EntryState.REPLACING and not (pod is not None and pod.deleting)

@@ -267,7 +267,7 @@ class PassState:
         for pod in observed.pods:
             if pod.name != job.pod_name(pod.role, pod.index):
                 continue  # not a name this job creates: someone else's pod carrying our labels
-            limit = {WORKER: job.nodes, SPARE: job.hot_spares, STORE: 1 if job.supervisor else 0}[pod.role]
+            limit = {WORKER: job.nodes, SPARE: job.hot_spares, STORE: 1 if job.store_pod else 0}[pod.role]
             if pod.index >= limit:
                 stray.append(pod)
             else:

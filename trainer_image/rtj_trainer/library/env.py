@@ -69,6 +69,8 @@ LAUNCH_MODE_DIRECT: Final = "direct"
 LAUNCH_MODE_SUPERVISOR: Final = "supervisor"
 SLOT: Final = "RTJ_SLOT"
 SLOTS: Final = "RTJ_SLOTS"
+# The store pod's address: also rendered under ft_launcher when the store pod hosts the rendezvous
+# (rendezvous.host StorePod); then no node's launcher hosts it (rtj_trainer.runtime.launch).
 STORE_HOST: Final = "RTJ_STORE_HOST"
 STORE_PORT: Final = "RTJ_STORE_PORT"
 MEMORY_INTERVAL_STEPS: Final = "RTJ_MEMORY_INTERVAL_STEPS"

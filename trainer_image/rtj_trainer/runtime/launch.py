@@ -25,9 +25,11 @@ ft_launcher's own settings come from ``RTJ_FT_CONFIG`` (YAML text, written to a 
 override the file's values.
 
 Rendezvous: worker 0 hosts the c10d store (``is_host=1``), every node dials ``RTJ_RDZV_HOST``
-(``J-worker-0.J.NS.svc``). The name exists only once the headless service publishes worker 0, and a
-local cluster resolves it only in Python, so it is resolved here, with retries, and ft_launcher gets
-an address. With ``RTJ_ROLE=spare`` nothing is launched: the pod holds its node until it is deleted.
+(``J-worker-0.J.NS.svc``); with a store pod (``RTJ_STORE_HOST`` set: rendezvous.host StorePod) the
+store pod hosts it (``rtj_trainer.runtime.store``), ``RTJ_RDZV_HOST`` is its name and every node is a
+client. The name exists only once the headless service publishes the pod, and a local cluster
+resolves it only in Python, so it is resolved here, with retries, and ft_launcher gets an address.
+With ``RTJ_ROLE=spare`` nothing is launched: the pod holds its node until it is deleted.
 ``RTJ_LAUNCH_MODE=direct`` runs the command as the only child (no ft_launcher, no shim), and the
 supervisor mode runs the ranks itself (``rtj_trainer.runtime.supervisor``).
 ``rtj-launch --prepare-checkpoint-dir`` is the checkpoint-directory init container
@@ -128,7 +130,7 @@ def ft_launcher_argv(
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={_host_port(rdzv_address, env.rdzv_port)}",
         f"--rdzv-id={env.job_uid}",
-        f"--rdzv-conf=is_host={1 if env.node_rank == 0 else 0}",
+        f"--rdzv-conf=is_host={1 if hosts_rendezvous(env) else 0}",
         *_heartbeat_flags(env, names, config_keys),
         f"--monitor-interval={_fmt_seconds(env.ft_monitor_interval_seconds)}",
         f"--max-restarts={env.max_restarts}",
@@ -150,6 +152,12 @@ HEARTBEAT_CONFIG_KEYS: Final = {
     "initial_rank_heartbeat_timeout": "initial_heartbeat_timeout",
     "rank_heartbeat_timeout": "heartbeat_timeout",
 }
+
+
+def hosts_rendezvous(env: TrainerEnv) -> bool:
+    """Whether this node's ft_launcher hosts the rendezvous store: worker 0's, unless the store pod
+    does (its address is set)."""
+    return env.node_rank == 0 and not env.store_host
 
 
 def _heartbeat_flags(env: TrainerEnv, names: Mapping[str, str], config_keys: Collection[str]) -> list[str]:

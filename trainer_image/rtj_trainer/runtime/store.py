@@ -1,4 +1,5 @@
-"""``rtj-store --port P``: the job's store pod, so that no worker's node holds the world's stores.
+"""``rtj-store --port P [--rendezvous-id ID --nnodes N]``: the job's store pod, so that no worker's node
+holds what the job's pods share.
 
 In supervisor mode (``rtj_trainer.runtime.supervisor``) every rank of the job, the hot spares' reserve ranks
 included, is a client of two TCPStore servers that this process hosts: port P for NVRx's in-process
@@ -6,14 +7,22 @@ wrapper (barriers, heartbeats, interruption and termination records) and P+1 for
 of each in-process iteration. Losing a worker's node, worker 0's included, is then an ordinary node
 loss: the stores survive it. The servers keep their keys in memory only; when this pod is lost the
 operator restarts the whole job (a fresh world, from the newest checkpoint).
+
+With ``--rendezvous-id`` (ft_launcher with rendezvous.host StorePod) it hosts ft_launcher's c10d
+rendezvous on port P instead, which every node's ft_launcher joins as a client (``is_host=0``,
+``rtj_trainer.runtime.launch``): on NVRx releases with NVRx's own control node (``nvrx-control``,
+0.7 on), whose barrier rendezvous needs a host that closes its rounds, that process runs as this
+one's child; before the barrier rendezvous (0.4), a plain TCPStore is all its rendezvous needs.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import logging
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -25,10 +34,20 @@ log = logging.getLogger("rtj_trainer.runtime.store")
 # The keys the ranks and the supervisor share in the process groups' store are in rtj_trainer.library.world.
 WRAPPER_STORE_OFFSET: Final = 0
 PG_STORE_OFFSET: Final = 1
+# NVRx's control node, which hosts and closes the barrier rendezvous for launchers that are clients.
+NVRX_CONTROL_MODULE: Final = "nvidia_resiliency_ext.fault_tolerance.control_plane"
+# The first release whose ft_launcher has the barrier rendezvous (a plain store no longer suffices).
+NVRX_BARRIER_RENDEZVOUS: Final = (0, 5, 0)
 
 
-def serve(port: int, *, host: str = "127.0.0.1") -> list[Any]:
-    """Start the two servers (they serve from their own threads) and return them.
+class RendezvousHostError(RuntimeError):
+    """This NVRx release's rendezvous cannot be hosted outside the workers."""
+
+
+def serve(
+    port: int, *, host: str = "127.0.0.1", offsets: Sequence[int] = (WRAPPER_STORE_OFFSET, PG_STORE_OFFSET)
+) -> list[Any]:
+    """Start the servers, one per offset from `port` (they serve from their own threads), and return them.
 
     Each listens on every address of the pod; ``host`` is only where the server's own client
     connects: the loopback address, which reaches the pod's listeners on Kubernetes and on the local
@@ -36,7 +55,7 @@ def serve(port: int, *, host: str = "127.0.0.1") -> list[Any]:
     import torch.distributed as dist
 
     servers = []
-    for offset in (WRAPPER_STORE_OFFSET, PG_STORE_OFFSET):
+    for offset in offsets:
         servers.append(
             dist.TCPStore(  # type: ignore[attr-defined]
                 host_name=host,
@@ -51,10 +70,65 @@ def serve(port: int, *, host: str = "127.0.0.1") -> list[Any]:
     return servers
 
 
+def rendezvous_command(
+    port: int, *, run_id: str, nnodes: int, version: tuple[int, ...], python: str = sys.executable
+) -> list[str] | None:
+    """The command of NVRx's control node for ft_launcher's rendezvous on `port` (pure), or None when
+    the release's rendezvous needs only a TCPStore (before the barrier rendezvous).
+    RendezvousHostError for a barrier release without the control node (0.5, 0.6)."""
+    if version < NVRX_BARRIER_RENDEZVOUS:
+        return None
+    if importlib.util.find_spec(NVRX_CONTROL_MODULE) is None:
+        raise RendezvousHostError(
+            f"NVRx {'.'.join(map(str, version))} has a barrier rendezvous but no control node "
+            f"({NVRX_CONTROL_MODULE}): rendezvous.host StorePod needs NVRx 0.7 or later (or 0.4); "
+            "use rendezvous.host Worker0 with this image"
+        )
+    return [
+        python,
+        "-m",
+        NVRX_CONTROL_MODULE,
+        f"--nnodes={nnodes}:{nnodes}",
+        "--rdzv-backend=c10d",
+        # The server listens on every address; this is where its own client connects.
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={run_id}",
+        "--ft-enable-log-server=false",
+    ]
+
+
+def serve_rendezvous(port: int, *, run_id: str, nnodes: int, stop: threading.Event) -> int:
+    """Host ft_launcher's rendezvous until `stop` is set: the control node as a child (its exit
+    status, if it fails, is this pod's: the operator restarts the job), else a TCPStore."""
+    from rtj_trainer.library import nvrx_compat
+
+    command = rendezvous_command(port, run_id=run_id, nnodes=nnodes, version=nvrx_compat.nvrx_version())
+    if command is None:
+        servers = serve(port, offsets=(WRAPPER_STORE_OFFSET,))
+        log.info("rendezvous %s: a c10d store on port %d", run_id, port)
+        stop.wait()
+        log.info("store stopping (%d servers)", len(servers))
+        return 0
+    log.info("rendezvous %s: NVRx's control node on port %d", run_id, port)
+    child = subprocess.Popen(command)
+    while not stop.wait(1.0):
+        if child.poll() not in (None, 0):
+            log.error("NVRx's control node exited with status %d", child.returncode)
+            return child.returncode
+    if child.poll() is None:
+        child.terminate()
+        child.wait()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rtj-store", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--port", type=int, required=True, help="the wrapper's store; P+1: the process groups'"
+    )
+    parser.add_argument("--rendezvous-id", help="host ft_launcher's rendezvous of this id on --port instead")
+    parser.add_argument(
+        "--nnodes", type=int, default=1, help="the rendezvous' node count (with --rendezvous-id)"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -64,6 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    if args.rendezvous_id:
+        try:
+            return serve_rendezvous(args.port, run_id=args.rendezvous_id, nnodes=args.nnodes, stop=stop)
+        except RendezvousHostError as err:
+            print(f"rtj-store: {err}", file=sys.stderr)
+            return 2
     servers = serve(args.port)
     while not stop.wait(1.0):
         pass

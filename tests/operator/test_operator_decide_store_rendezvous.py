@@ -1,0 +1,62 @@
+"""The decisions under FtLauncher with rendezvous.host StorePod: the store pod hosts ft_launcher's
+rendezvous, so losing worker 0's node replaces that pod alone (a spare's node first, as for any
+worker under FtLauncher); losing the store pod restarts every worker around a fresh store. (That the
+job is not Ready without its store pod: test_operator_decide_supervisor.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from operator_world import SPARE, WORKER, World, job_body, node_of
+from rtj_operator import events
+
+STORE_POD = "train-store"
+STORE_RENDEZVOUS: dict[str, Any] = {"host": "StorePod"}
+
+
+def store_world(**spec: Any) -> World:
+    world = World.with_nodes(job_body(nodes=2, rendezvous=STORE_RENDEZVOUS, **spec), 6)
+    world.settle()
+    assert world.status()["state"] == "Running" and STORE_POD in world.pods
+    world.events.clear()
+    return world
+
+
+def uids(world: World) -> dict[str, str]:
+    return {name: pod["metadata"]["uid"] for name, pod in world.pods.items()}
+
+
+def test_losing_worker_zeros_node_replaces_that_pod_alone_on_the_spares_node() -> None:
+    world = store_world(hotSpares=1)
+    before = uids(world)
+    lost, spare_node = node_of(world, WORKER, 0), node_of(world, SPARE, 0)
+    world.node_not_ready(lost)
+    world.tick(11)
+    world.settle()
+    assert events.GANG_RESTART not in world.reasons() and events.NODE_LOST in world.reasons()
+    assert events.SPARE_USED in world.reasons()
+    status = world.status()
+    assert status["restarts"]["podReplacement"] == 1 and status["nodeFaults"][0]["nodeName"] == lost
+    after = uids(world)
+    assert after["train-worker-0"] != before["train-worker-0"] and node_of(world, WORKER, 0) == spare_node
+    for name in (STORE_POD, "train-worker-1"):
+        assert after[name] == before[name], name
+    assert status["state"] == "Running"
+
+
+def test_losing_the_store_pods_node_restarts_the_workers_around_a_fresh_store() -> None:
+    world = store_world(hotSpares=1)
+    before = uids(world)
+    lost = world.pods[STORE_POD]["spec"]["nodeName"]
+    world.node_not_ready(lost)
+    world.tick(11)
+    world.settle()
+    assert events.STORE_LOST in world.reasons() and world.reasons().count(events.GANG_RESTART) == 1
+    after = uids(world)
+    for name in (STORE_POD, "train-worker-0", "train-worker-1"):
+        assert after[name] != before[name], name
+    # As any FtLauncher worker replacement, one went to the spare's node, and the spare was refilled.
+    assert events.SPARE_USED in world.reasons() and "train-spare-0" in world.pods
+    store_node = world.pods[STORE_POD]["spec"]["nodeName"]
+    assert store_node != lost and store_node not in {node_of(world, WORKER, i) for i in (0, 1)}
+    assert world.status()["state"] == "Running"
