@@ -6,7 +6,8 @@
   it: the operator only refills the spares.
 - The default one (`faultTolerance.launcher: FtLauncher`): NVRx's in-process restart for an exception
   or a hang, ft_launcher's in-job restart for a killed rank, the operator's pod replacement for a lost
-  node.
+  node; with `rendezvous.host: StorePod` (`DEFAULT_WITH_STORE_POD`) a store pod hosts the rendezvous,
+  so worker 0's node can be the one lost.
 
 Each is a merge patch over the example job (`rehearsal.merge_patch`) with the layer each fault class
 should be recovered by; `pods` counts what a configuration's job runs at once, one pod per node.
@@ -22,8 +23,12 @@ from rtj_demo.report import INTENDED_LAYER, LAYER_IN_PROCESS
 
 SUPERVISOR = "Supervisor"
 FT_LAUNCHER = "FtLauncher"
-# The pods of a Supervisor job beside its workers and spares: the store pod.
-SUPERVISOR_STORE_PODS = 1
+# spec.rendezvous.host: what hosts ft_launcher's rendezvous.
+WORKER0 = "Worker0"
+STORE_POD = "StorePod"
+# The pods of a job with a store pod (Supervisor's, or FtLauncher's on rendezvous.host StorePod) beside
+# its workers and spares: the store pod.
+STORE_PODS = 1
 
 RECOMMENDED_SPEC_PATCH: dict[str, Any] = {
     "hotSpares": 2,
@@ -45,7 +50,22 @@ RECOMMENDED = Configuration(
     SUPERVISOR, RECOMMENDED_SPEC_PATCH, {kind: LAYER_IN_PROCESS for kind in INTENDED_LAYER}
 )
 DEFAULT = Configuration(FT_LAUNCHER)
+DEFAULT_WITH_STORE_POD = Configuration(FT_LAUNCHER, {"rendezvous": {"host": STORE_POD}})
 BY_LAUNCHER = {c.launcher: c for c in (RECOMMENDED, DEFAULT)}
+
+
+def chosen(launcher: str, rendezvous_host: str = WORKER0) -> Configuration:
+    """The configuration of a launcher; FtLauncher's with its rendezvous in a store pod when asked
+    (Supervisor always has one)."""
+    if launcher == FT_LAUNCHER and rendezvous_host == STORE_POD:
+        return DEFAULT_WITH_STORE_POD
+    return BY_LAUNCHER[launcher]
+
+
+def has_store_pod(spec_patch: Mapping[str, Any]) -> bool:
+    """Whether the job a merge patch over the example job describes runs a store pod."""
+    rendezvous = spec_patch.get("rendezvous") or {}
+    return of_patch(spec_patch).launcher == SUPERVISOR or rendezvous.get("host") == STORE_POD
 
 
 def of_patch(spec_patch: Mapping[str, Any]) -> Configuration:
@@ -57,9 +77,9 @@ def of_patch(spec_patch: Mapping[str, Any]) -> Configuration:
 
 def pods(spec_patch: Mapping[str, Any], job_nodes: int) -> int:
     """How many pods a job patched by `spec_patch` runs at once, each on a node of its own: the
-    workers, the hot spares, and a Supervisor job's store pod."""
+    workers, the hot spares, and the store pod of a job that has one."""
     hot_spares = int(spec_patch.get("hotSpares") or 0)
-    store = SUPERVISOR_STORE_PODS if of_patch(spec_patch).launcher == SUPERVISOR else 0
+    store = STORE_PODS if has_store_pod(spec_patch) else 0
     return job_nodes + hot_spares + store
 
 

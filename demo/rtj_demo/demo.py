@@ -8,7 +8,8 @@ Python exception, a SIGKILLed rank, a hung rank, and the loss of worker 1's node
 0's. Every one should be recovered in-process by the processes that survive it, no step lost.
 `--launcher FtLauncher` rehearses the default launcher instead (`configurations.DEFAULT`) with four
 faults: in-process restart for the exception and the hang, ft_launcher's in-job restart for the
-SIGKILL, the operator's pod replacement for worker 1's node.
+SIGKILL, the operator's pod replacement for worker 1's node; with `--rendezvous-host StorePod` a
+store pod hosts ft_launcher's rendezvous and the node lost is worker 0's.
 
 It shows live progress, then prints and saves the report (`report.json`, `timeline.png`,
 `operator.log`, `pods/*.log` in `--out`), cleans up, and exits non-zero unless every fault was
@@ -51,14 +52,17 @@ def checkpoint_interval(steps: int) -> int:
     return max(5, steps // 15)
 
 
-def fault_plan(steps: int, launcher: str = configurations.SUPERVISOR) -> list[PlannedFault]:
+def fault_plan(
+    steps: int, launcher: str = configurations.SUPERVISOR, rendezvous_host: str = configurations.WORKER0
+) -> list[PlannedFault]:
     """One fault of each class, spread over the run so each recovery ends before the next fault.
 
     Ranks 0-1 run on worker 0, ranks 2-3 on worker 1. Under the Supervisor launcher worker 1's node
     is lost, then worker 0's: the world's stores live in a pod of their own, so each is one more
     in-process recovery, the second from the spare that took over the first. Under the default
     launcher worker 0's launcher hosts the rendezvous: losing it is a gang restart, a different
-    story, so only worker 1's node is lost.
+    story, so only worker 1's node is lost, unless a store pod hosts the rendezvous: then it is worker
+    0's.
     """
     interval = checkpoint_interval(steps)
     if launcher == configurations.SUPERVISOR:
@@ -73,7 +77,11 @@ def fault_plan(steps: int, launcher: str = configurations.SUPERVISOR) -> list[Pl
         PlannedFault("exception", mid_interval(steps * 15 // 100, interval), rank=1),
         PlannedFault("sigkill", mid_interval(steps * 35 // 100, interval), rank=2),
         PlannedFault("hang", mid_interval(steps * 55 // 100, interval), rank=3),
-        PlannedFault("node-loss", mid_interval(steps * 75 // 100, interval), worker=1),
+        PlannedFault(
+            "node-loss",
+            mid_interval(steps * 75 // 100, interval),
+            worker=0 if rendezvous_host == configurations.STORE_POD else 1,
+        ),
     ]
 
 
@@ -100,6 +108,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=configurations.SUPERVISOR,
         help="the job's launcher: Supervisor with two hot spares (default, the recommended "
         "configuration) or FtLauncher (the operator's default launcher)",
+    )
+    parser.add_argument(
+        "--rendezvous-host",
+        choices=(configurations.WORKER0, configurations.STORE_POD),
+        default=configurations.WORKER0,
+        help="FtLauncher: what hosts ft_launcher's rendezvous (spec.rendezvous.host); with StorePod the "
+        "node lost is worker 0's (default Worker0)",
     )
     parser.add_argument(
         "--step-sleep",
@@ -133,8 +148,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--steps must be at least 40 (the faults need room between them)")
     if args.step_sleep < 0:
         parser.error("--step-sleep must not be negative")
-    configuration = configurations.BY_LAUNCHER[args.launcher]
-    needed = needed_nodes(configuration, fault_plan(args.steps, args.launcher))
+    if args.rendezvous_host != configurations.WORKER0 and args.launcher != configurations.FT_LAUNCHER:
+        parser.error("--rendezvous-host applies to --launcher FtLauncher (Supervisor always has a store pod)")
+    configuration = configurations.chosen(args.launcher, args.rendezvous_host)
+    needed = needed_nodes(configuration, fault_plan(args.steps, args.launcher, args.rendezvous_host))
     if args.nodes is None:
         args.nodes = needed
     if args.nodes < needed:
@@ -214,7 +231,7 @@ def _planned_json(fault: PlannedFault) -> dict[str, Any]:
 
 def job_settings(args: argparse.Namespace, plan: list[PlannedFault]) -> JobSettings:
     """The example job as the demo runs it: the launcher's configuration, the steps and the faults."""
-    configuration = configurations.BY_LAUNCHER[args.launcher]
+    configuration = configurations.chosen(args.launcher, args.rendezvous_host)
     return JobSettings(
         name="demo",
         steps=args.steps,
@@ -227,8 +244,8 @@ def job_settings(args: argparse.Namespace, plan: list[PlannedFault]) -> JobSetti
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    configuration = configurations.BY_LAUNCHER[args.launcher]
-    plan = fault_plan(args.steps, args.launcher)
+    configuration = configurations.chosen(args.launcher, args.rendezvous_host)
+    plan = fault_plan(args.steps, args.launcher, args.rendezvous_host)
     settings = job_settings(args, plan)
     run_id = processes.tag_environment()
     live = LiveLine(interval=10.0)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rtj_demo import configurations, processes
@@ -48,6 +49,20 @@ def test_the_default_launcher_keeps_its_four_faults_and_layers() -> None:
     assert dict(configurations.DEFAULT.intended) == INTENDED_LAYER
     spec = parse_job(build_job(load_example(), job_settings(args, plan), rendezvous_port=31234)).spec
     assert spec.fault_tolerance.launcher == "FtLauncher" and spec.hot_spares == 0
+
+
+def test_the_default_launcher_with_its_rendezvous_in_a_store_pod_loses_worker_0s_node() -> None:
+    args = parse_args(["--quick", "--launcher", "FtLauncher", "--rendezvous-host", "StorePod"])
+    plan = fault_plan(args.steps, args.launcher, args.rendezvous_host)
+    assert [f.kind for f in plan] == ["exception", "sigkill", "hang", "node-loss"]
+    assert [f.worker for f in plan if f.kind == "node-loss"] == [0]
+    # Two workers, the store pod, a node for the one lost, one more.
+    assert args.nodes == 5
+    spec = parse_job(build_job(load_example(), job_settings(args, plan), rendezvous_port=31234)).spec
+    assert spec.fault_tolerance.launcher == "FtLauncher" and spec.rendezvous.host == "StorePod"
+    assert configurations.chosen("FtLauncher", "StorePod").intended == configurations.DEFAULT.intended
+    with pytest.raises(SystemExit):
+        parse_args(["--rendezvous-host", "StorePod"])  # Supervisor always has its store pod
 
 
 def test_options_are_checked() -> None:
@@ -103,20 +118,14 @@ def test_live_view_takes_whichever_source_is_further_along() -> None:
     assert (empty.step, empty.state, empty.checkpoint_step) == (0, "Pending", None)
 
 
-@pytest.mark.slow
-def test_quick_demo_recovers_every_fault_in_process_worker_0s_node_included_and_leaves_nothing(
-    tmp_path: Path,
-) -> None:
-    """The recommended job end to end (`rtj demo --quick`): an exception, a SIGKILLed rank, a hang,
-    the loss of worker 1's node and then of worker 0's are each recovered in-process by the
-    processes that survive them, no step lost (the second node loss from the replicas the first's
-    spare holds); the operator replaces each lost worker once (the replacement stands by as a
-    spare) and never restarts the gang; nothing is left running."""
+def run_quick_demo(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """`rtj demo --quick` with `options` in a process of its own: its result and report, once it
+    exited 0 and left no process of its run behind."""
     run_id = uuid.uuid4().hex
     out = tmp_path / "demo"
     env = {**os.environ, processes.RUN_TAG: run_id, "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
-        [sys.executable, "-m", "rtj_operator.cli", "demo", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "rtj_operator.cli", "demo", "--quick", *options, "--out", str(out)],
         env=env,
         capture_output=True,
         text=True,
@@ -127,7 +136,20 @@ def test_quick_demo_recovers_every_fault_in_process_worker_0s_node_included_and_
     processes.reap(run_id, timeout=0)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert not leftovers, processes.describe(leftovers)
-    data = json.loads((out / "report.json").read_text())
+    data: dict[str, Any] = json.loads((out / "report.json").read_text())
+    return done, data
+
+
+@pytest.mark.slow
+def test_quick_demo_recovers_every_fault_in_process_worker_0s_node_included_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """The recommended job end to end (`rtj demo --quick`): an exception, a SIGKILLed rank, a hang,
+    the loss of worker 1's node and then of worker 0's are each recovered in-process by the
+    processes that survive them, no step lost (the second node loss from the replicas the first's
+    spare holds); the operator replaces each lost worker once (the replacement stands by as a
+    spare) and never restarts the gang; nothing is left running."""
+    done, data = run_quick_demo(tmp_path)
     assert data["ok"] and data["problems"] == [] and data["launcher"] == "Supervisor"
     report = data["report"]
     kinds = ["exception", "sigkill", "hang", "node-loss", "node-loss"]
@@ -141,5 +163,25 @@ def test_quick_demo_recovers_every_fault_in_process_worker_0s_node_included_and_
     assert len({f["nodeName"] for f in status["nodeFaults"]}) == 2, status["nodeFaults"]
     reasons = {e["reason"] for e in data["events"]}
     assert events.WORKER_REPLACED in reasons and events.GANG_RESTART not in reasons, reasons
-    assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "demo" / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     assert "every fault was recovered by its intended layer" in done.stdout
+
+
+@pytest.mark.slow
+def test_quick_demo_of_the_default_launcher_with_a_store_pod_replaces_worker_0_alone(tmp_path: Path) -> None:
+    """The default launcher end to end with its rendezvous in a store pod (`rtj demo --quick
+    --launcher FtLauncher --rendezvous-host StorePod`): the exception and the hang in-process, the
+    SIGKILL by ft_launcher, and worker 0's node by one pod replacement, its ft_launcher's peers
+    staying up and taking the replacement into the next rendezvous round: no gang restart."""
+    _, data = run_quick_demo(tmp_path, "--launcher", "FtLauncher", "--rendezvous-host", "StorePod")
+    assert data["ok"] and data["launcher"] == "FtLauncher"
+    faults = {f["kind"]: f for f in data["report"]["faults"]}
+    assert faults["node-loss"]["recovered_by"] == "pod-replacement", faults["node-loss"]
+    status = data["status"]
+    assert status["restarts"]["podReplacement"] == 1, status["restarts"]
+    assert [p.get("worker") for p in data["plan"] if p["kind"] == "node-loss"] == [0]
+    # The store pod hosted the rendezvous throughout, on a node that was not lost.
+    assert status["store"]["podName"] == "demo-store", status.get("store")
+    assert status["store"]["nodeName"] not in {f["nodeName"] for f in status["nodeFaults"]}
+    reasons = {e["reason"] for e in data["events"]}
+    assert events.NODE_LOST in reasons and events.GANG_RESTART not in reasons, reasons
