@@ -4,7 +4,9 @@
 trainer image's) found first on PYTHONPATH (scripts/install-nvrx-0.7.0.sh), with
 RTJ_TEST_NVRX_VERSION=0.7.0 naming the release that run expects. Every process the tests start
 (ft_launcher, its workers, the checkpoint writers) inherits the path. Tests marked
-`nvrx_independent` (torch and gloo only) run once, on 0.4.1: NVRx is barred from them.
+`nvrx_independent` (torch and gloo only) run once, on 0.4.1: NVRx is barred from them. Tests marked
+`image_nvrx_only` run once too, on 0.7.0 (the image's release): a test of the local cluster, whose
+pods run .venv's 0.4.1, already runs the same path end to end on 0.4.1.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from importlib import metadata
 import pytest
 
 EXPECTED_NVRX_ENV = "RTJ_TEST_NVRX_VERSION"
+# The trainer image's release (trainer_image/Dockerfile): `image_nvrx_only` tests run on it alone.
+IMAGE_NVRX = "0.7.0"
 
 
 def _installed() -> str:
@@ -28,6 +32,16 @@ def pytest_report_header() -> str:
 
     # 0.4.1's top level is a namespace package (no __file__); both have a __path__.
     return f"nvidia-resiliency-ext: {_installed()} ({', '.join(nvidia_resiliency_ext.__path__)})"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselects the `image_nvrx_only` tests unless the image's release is the one imported."""
+    if _installed() == IMAGE_NVRX:
+        return
+    deselected = [item for item in items if item.get_closest_marker("image_nvrx_only") is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item.get_closest_marker("image_nvrx_only") is None]
 
 
 @pytest.fixture(scope="session", autouse=True)

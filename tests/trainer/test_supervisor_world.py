@@ -133,6 +133,7 @@ def _events(tmp: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.image_nvrx_only  # on 0.4.1: the quick demo's test (tests/demo), on the local cluster
 def test_every_fault_class_is_recovered_in_process_from_memory(tmp_path: Path, short_tmp: Path) -> None:
     faults = "exception@step=10,rank=1;sigkill@step=25,rank=2;hang@step=40,rank=3"
     port = reserve_port_pair()
