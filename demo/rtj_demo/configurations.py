@@ -19,13 +19,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rtj_operator import api
+
+from rtj_demo.rehearsal import load_example, merge_patch
 from rtj_demo.report import INTENDED_LAYER, LAYER_IN_PROCESS
 
 SUPERVISOR = "Supervisor"
 FT_LAUNCHER = "FtLauncher"
 # spec.rendezvous.host: what hosts ft_launcher's rendezvous.
-WORKER0 = "Worker0"
-STORE_POD = "StorePod"
+WORKER0 = api.RendezvousHost.WORKER0.value
+STORE_POD = api.RendezvousHost.STORE_POD.value
 # The pods of a job with a store pod (Supervisor's, or FtLauncher's on rendezvous.host StorePod) beside
 # its workers and spares: the store pod.
 STORE_PODS = 1
@@ -63,9 +66,9 @@ def chosen(launcher: str, rendezvous_host: str = WORKER0) -> Configuration:
 
 
 def has_store_pod(spec_patch: Mapping[str, Any]) -> bool:
-    """Whether the job a merge patch over the example job describes runs a store pod."""
-    rendezvous = spec_patch.get("rendezvous") or {}
-    return of_patch(spec_patch).launcher == SUPERVISOR or rendezvous.get("host") == STORE_POD
+    """Whether the job a merge patch over the example job describes runs a store pod (the API's rule)."""
+    job = api.parse_job(merge_patch(load_example(), {"spec": spec_patch}))
+    return api.has_store_pod(job.spec)
 
 
 def of_patch(spec_patch: Mapping[str, Any]) -> Configuration:

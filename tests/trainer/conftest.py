@@ -12,15 +12,23 @@ pods run .venv's 0.4.1, already runs the same path end to end on 0.4.1.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
 EXPECTED_NVRX_ENV = "RTJ_TEST_NVRX_VERSION"
-# The trainer image's release (trainer_image/Dockerfile): `image_nvrx_only` tests run on it alone.
-IMAGE_NVRX = "0.7.0"
+# The trainer image's Dockerfile, whose NVRx release the `image_nvrx_only` tests run on alone.
+IMAGE_DOCKERFILE = Path(__file__).resolve().parents[2] / "trainer_image" / "Dockerfile"
+
+
+def _image_nvrx() -> str:
+    found = re.search(r"^ARG NVRX_VERSION=(\S+)$", IMAGE_DOCKERFILE.read_text(), re.MULTILINE)
+    assert found, f"{IMAGE_DOCKERFILE} names no NVRX_VERSION"
+    return found.group(1)
 
 
 def _installed() -> str:
@@ -36,7 +44,7 @@ def pytest_report_header() -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselects the `image_nvrx_only` tests unless the image's release is the one imported."""
-    if _installed() == IMAGE_NVRX:
+    if _installed() == _image_nvrx():
         return
     deselected = [item for item in items if item.get_closest_marker("image_nvrx_only") is not None]
     if deselected:

@@ -316,10 +316,10 @@ class RendezvousSpec(ApiModel):
         "Worker0: worker 0's ft_launcher, so losing worker 0's node restarts every pod (a gang "
         "restart). StorePod: a store pod of the job's own (<name>-store: 100m CPU, 256Mi, on a node "
         "without the job's pods, such as a system node), so losing any worker's node, worker 0's "
-        "included, is one pod replacement; losing the store pod restarts every pod. On NVRx 0.5 and "
-        "later the store pod runs NVRx's nvrx-control (the barrier rendezvous needs a host that closes "
-        "its rounds), before that a plain c10d store. Supervisor always has a store pod. Optional; "
-        "default: Worker0.",
+        "included, is one pod replacement; losing the store pod restarts every pod. The store pod runs "
+        "a plain c10d store on NVRx 0.4 and NVRx's nvrx-control from 0.7 (the barrier rendezvous needs a "
+        "host that closes its rounds); a release with the barrier rendezvous but no nvrx-control cannot "
+        "host it there. Supervisor always has a store pod. Optional; default: Worker0.",
     )
 
 

@@ -34,6 +34,9 @@ log = logging.getLogger("rtj_trainer.runtime.store")
 # The keys the ranks and the supervisor share in the process groups' store are in rtj_trainer.library.world.
 WRAPPER_STORE_OFFSET: Final = 0
 PG_STORE_OFFSET: Final = 1
+# The stores served from --port: Supervisor's world needs both, ft_launcher's rendezvous one.
+WORLD_STORES: Final = (WRAPPER_STORE_OFFSET, PG_STORE_OFFSET)
+RENDEZVOUS_STORES: Final = (WRAPPER_STORE_OFFSET,)
 # NVRx's control node, which hosts and closes the barrier rendezvous for launchers that are clients.
 NVRX_CONTROL_MODULE: Final = "nvidia_resiliency_ext.fault_tolerance.control_plane"
 # The first release whose ft_launcher has the barrier rendezvous (a plain store no longer suffices).
@@ -44,9 +47,7 @@ class RendezvousHostError(RuntimeError):
     """This NVRx release's rendezvous cannot be hosted outside the workers."""
 
 
-def serve(
-    port: int, *, host: str = "127.0.0.1", offsets: Sequence[int] = (WRAPPER_STORE_OFFSET, PG_STORE_OFFSET)
-) -> list[Any]:
+def serve(port: int, *, host: str = "127.0.0.1", offsets: Sequence[int] = WORLD_STORES) -> list[Any]:
     """Start the servers, one per offset from `port` (they serve from their own threads), and return them.
 
     Each listens on every address of the pod; ``host`` is only where the server's own client
@@ -97,20 +98,11 @@ def rendezvous_command(
     ]
 
 
-def serve_rendezvous(port: int, *, run_id: str, nnodes: int, stop: threading.Event) -> int:
-    """Host ft_launcher's rendezvous until `stop` is set: the control node as a child (its exit
-    status, if it fails, is this pod's: the operator restarts the job), else a TCPStore."""
-    from rtj_trainer.library import nvrx_compat
-
-    command = rendezvous_command(port, run_id=run_id, nnodes=nnodes, version=nvrx_compat.nvrx_version())
-    if command is None:
-        servers = serve(port, offsets=(WRAPPER_STORE_OFFSET,))
-        log.info("rendezvous %s: a c10d store on port %d", run_id, port)
-        stop.wait()
-        log.info("store stopping (%d servers)", len(servers))
-        return 0
-    log.info("rendezvous %s: NVRx's control node on port %d", run_id, port)
-    child = subprocess.Popen(command)
+def run_control_node(command: Sequence[str], stop: threading.Event) -> int:
+    """Run NVRx's control node as a child until `stop` is set; its exit status, if it fails, is this
+    pod's (the operator restarts the job)."""
+    log.info("rendezvous: NVRx's control node: %s", " ".join(command))
+    child = subprocess.Popen(list(command))
     while not stop.wait(1.0):
         if child.poll() not in (None, 0):
             log.error("NVRx's control node exited with status %d", child.returncode)
@@ -119,6 +111,16 @@ def serve_rendezvous(port: int, *, run_id: str, nnodes: int, stop: threading.Eve
         child.terminate()
         child.wait()
     return 0
+
+
+def _control_node_command(args: argparse.Namespace) -> list[str] | None:
+    """NVRx's control node's command where it hosts the rendezvous; None where TCPStores are served."""
+    if not args.rendezvous_id:
+        return None
+    from rtj_trainer.library import nvrx_compat
+
+    version = nvrx_compat.nvrx_version()
+    return rendezvous_command(args.port, run_id=args.rendezvous_id, nnodes=args.nnodes, version=version)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,13 +140,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    if args.rendezvous_id:
-        try:
-            return serve_rendezvous(args.port, run_id=args.rendezvous_id, nnodes=args.nnodes, stop=stop)
-        except RendezvousHostError as err:
-            print(f"rtj-store: {err}", file=sys.stderr)
-            return 2
-    servers = serve(args.port)
+    try:
+        command = _control_node_command(args)
+    except RendezvousHostError as err:
+        print(f"rtj-store: {err}", file=sys.stderr)
+        return 2
+    if command is not None:
+        return run_control_node(command, stop)
+    servers = serve(args.port, offsets=RENDEZVOUS_STORES if args.rendezvous_id else WORLD_STORES)
     while not stop.wait(1.0):
         pass
     log.info("store stopping (%d servers)", len(servers))
