@@ -3,10 +3,20 @@
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# `make test` runs pytest in two lanes side by side, each its own pytest process with its own shared
+# local cluster: the operator's and the chart's tests (clusters and operators, mostly waiting on the
+# control plane) beside the rest (the trainer's, the demo's, the local cluster's and the API's, then
+# the trainer tests again on NVRx 0.7.0). One process used about 0.8 of the 2 cores; the two lanes
+# together took 27 minutes where one after the other took 38. PYTEST_ARGS goes to every pytest run
+# (options, not paths: to run a part, call .venv/bin/pytest); TEST_REPORTS names a folder where
+# each run writes its JUnit XML (lane-operator.xml, lane-rest.xml, lane-rest-nvrx-0.7.0.xml).
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test` (0: one process). One by default: on 2 cores the suite is
-# CPU-bound (clusters, torch processes), so two workers took longer than one (42.5 min against about
-# 31) and starved timing-sensitive trainer tests; machines with more cores can set it.
+TEST_REPORTS ?=
+TEST_LANE_OPERATOR := tests/operator tests/chart
+TEST_LANE_REST     := tests/api tests/demo tests/localcluster tests/trainer
+# pytest-xdist workers inside each lane (0: none). On 2 cores the lanes use the cores already, and
+# xdist workers alone took longer than one process (42.5 min against about 31); machines with more
+# cores can set it.
 PYTEST_WORKERS ?= 0
 # checkov (security scan of the chart and manifests) pins packaging<24, networkx<3 and
 # python-dateutil<3, which conflict with torch's and the kubernetes client's needs: it gets a
@@ -21,8 +31,12 @@ NVRX_0_7_OK  := $(NVRX_0_7)/.installed
 
 # pytest's options for N worker processes (none for 0): each test goes to whichever worker is free.
 xdist = $(if $(filter-out 0,$(1)),-n $(1) --dist worksteal)
+# pytest's option for the JUnit XML of run $(1), when TEST_REPORTS names a folder.
+junit = $(if $(TEST_REPORTS),--junitxml=$(abspath $(TEST_REPORTS))/$(1).xml)
+# One pytest run: its JUnit name, then its arguments.
+pytest = $(BIN)/pytest $(call xdist,$(PYTEST_WORKERS)) $(call junit,$(1)) $(PYTEST_ARGS) $(2)
 
-.PHONY: setup control-plane control-plane-build podnet demo test test-prerequisites lint typecheck unit crds clean
+.PHONY: setup control-plane control-plane-build podnet demo test test-prerequisites test-lane-operator test-lane-rest lint typecheck unit crds clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -84,18 +98,25 @@ typecheck: $(STAMP)
 # plane's Go build (CPU) overlaps pip's downloads (network), and ruff and mypy run once .venv is there.
 test-prerequisites: $(STAMP) $(CHECKOV) $(HELM) $(PROMTOOL) $(NVRX_0_7_OK) control-plane podnet lint typecheck
 
-# The whole suite (the trainer tests on .venv's NVRx 0.4.1), then the trainer tests again on 0.7.0
-# but those marked nvrx_independent (torch and gloo only: tests/trainer/conftest.py bars NVRx from
-# them), in PYTEST_WORKERS processes where it is set (each worker has its own shared local cluster).
+# The whole suite in two lanes side by side (see TEST_LANE_*): the trainer tests on .venv's NVRx
+# 0.4.1, then again on 0.7.0 but those marked nvrx_independent (torch and gloo only:
+# tests/trainer/conftest.py bars NVRx from them). Each lane's output comes whole when it ends.
 test:
 	$(MAKE) --no-print-directory -j4 --output-sync=target test-prerequisites
-	$(BIN)/pytest $(call xdist,$(PYTEST_WORKERS)) $(PYTEST_ARGS)
+	$(if $(TEST_REPORTS),mkdir -p $(TEST_REPORTS))
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-lane-operator test-lane-rest
+
+test-lane-operator: | $(STAMP)
+	$(call pytest,lane-operator,$(TEST_LANE_OPERATOR))
+
+test-lane-rest: | $(STAMP)
+	$(call pytest,lane-rest,$(TEST_LANE_REST))
 	RTJ_TEST_NVRX_VERSION=0.7.0 PYTHONPATH=$(abspath $(NVRX_0_7))$${PYTHONPATH:+:$$PYTHONPATH} \
-		$(BIN)/pytest $(call xdist,$(PYTEST_WORKERS)) -m "not nvrx_independent" tests/trainer
+		$(call pytest,lane-rest-nvrx-0.7.0,-m "not nvrx_independent" tests/trainer)
 
 # The tests that start no cluster and no training process (not marked slow).
 unit: $(STAMP)
-	$(BIN)/pytest -m "not slow" $(call xdist,$(PYTEST_WORKERS)) $(PYTEST_ARGS)
+	$(call pytest,unit,-m "not slow")
 
 # Regenerate crds/, docs/api.md and the chart's CRD copy from the pydantic models.
 crds: $(STAMP)

@@ -63,21 +63,26 @@ def test_p5_workers_land_on_p5_nodes_and_the_one_too_many_waits(
     manifest.write_text(yaml.safe_dump_all(rendered_job(namespace, nodes=3)))
     kubectl(kubeconfig, "apply", "-f", str(manifest))
 
+    workers = [f"p5-worker-{index}" for index in range(3)]
+
     def placed() -> dict[str, str] | None:
-        nodes = {
-            name: pod(kubeconfig, namespace, name)["spec"].get("nodeName")
-            for name in ("p5-worker-0", "p5-worker-1")
-        }
-        return nodes if all(nodes.values()) else None
+        """The two bound workers' nodes, by pod: the scheduler takes the three pods in no set order
+        (each first waits for the claim to be bound), so any two of them may be the ones that fit."""
+        nodes = {name: pod(kubeconfig, namespace, name)["spec"].get("nodeName") for name in workers}
+        bound = {name: node for name, node in nodes.items() if node}
+        return bound if len(bound) == 2 else None
 
     nodes = wait_for(placed, timeout=120, message="two workers bound")
     p5_nodes = {n for n in local_cluster.node_names if n != cpu_node}
     assert set(nodes.values()) == p5_nodes  # one per p5 node, none on the cpu node
-    requests = pod(kubeconfig, namespace, "p5-worker-0")["spec"]["containers"][0]["resources"]["requests"]
+    (waiting,) = set(workers) - set(nodes)
+    requests = pod(kubeconfig, namespace, next(iter(nodes)))["spec"]["containers"][0]["resources"]["requests"]
     assert requests["nvidia.com/gpu"] == "8" and requests["vpc.amazonaws.com/efa"] == "32"
     assert "hugepages-2Mi" in requests
 
-    def failed_scheduling() -> str | None:
+    def full_nodes_reported() -> str | None:
+        """The scheduler's account of the nodes for the waiting worker, once the claim is bound (before
+        that, each pod's FailedScheduling names the unbound claim)."""
         events = json.loads(
             kubectl(
                 kubeconfig,
@@ -85,16 +90,23 @@ def test_p5_workers_land_on_p5_nodes_and_the_one_too_many_waits(
                 "events",
                 "-n",
                 namespace,
-                "--field-selector=involvedObject.name=p5-worker-2",
+                f"--field-selector=involvedObject.name={waiting}",
                 "-o",
                 "json",
             )
         )["items"]
-        messages = [e["message"] for e in events if e["reason"] == "FailedScheduling"]
-        return messages[0] if messages else None
+        messages = [
+            e["message"]
+            for e in events
+            if e["reason"] == "FailedScheduling"
+            and "unbound immediate PersistentVolumeClaims" not in e["message"]
+        ]
+        return messages[-1] if messages else None
 
-    message = wait_for(failed_scheduling, timeout=60, message="FailedScheduling for the third worker")
-    third = pod(kubeconfig, namespace, "p5-worker-2")
+    message = wait_for(
+        full_nodes_reported, timeout=60, message=f"FailedScheduling for {waiting}, the third worker"
+    )
+    third = pod(kubeconfig, namespace, waiting)
     assert third["status"]["phase"] == "Pending" and not third["spec"].get("nodeName")
     # kube-scheduler's own account of each node: the p5 nodes are full, the cpu node lacks the devices
     # and the instance type.
