@@ -87,6 +87,15 @@ def test_advice_needs_a_save_and_a_fault() -> None:
     }
 
 
+def test_a_save_that_blocks_for_microseconds_is_a_measured_save_not_none() -> None:
+    # An async save of a small model blocks only for its staging copy: 40 µs is still a save.
+    advice = advise(
+        save_cost_seconds=0.0000412345, faults=1, training_seconds=60.0, step_seconds=0.2, configured_steps=2
+    )
+    assert advice["saveCostSeconds"] == 0.00004123 and advice["message"] is None
+    assert advice["recommendedIntervalSteps"] >= 1
+
+
 def report(step: int, *, at: float, blocking: float, in_process: int = 0, in_job: int = 0) -> str:
     return json.dumps(
         {

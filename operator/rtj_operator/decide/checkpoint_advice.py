@@ -76,7 +76,9 @@ def advise(
     advice: dict[str, Any] = dict.fromkeys(ADVICE_FIELDS)
     advice.update(configuredIntervalSteps=configured_steps, faults=faults)
     if save_cost_seconds is not None and save_cost_seconds > 0:
-        advice["saveCostSeconds"] = round(save_cost_seconds, 4)
+        # Four significant digits: an async save of a small model blocks for microseconds, which
+        # four decimals would round to 0 ("no save measured").
+        advice["saveCostSeconds"] = float(f"{save_cost_seconds:.4g}")
     if faults > 0 and training_seconds is not None and training_seconds > 0:
         advice["meanTimeBetweenFaultsSeconds"] = max(0.1, round(training_seconds / faults, 1))
     cost = advice.get("saveCostSeconds")
