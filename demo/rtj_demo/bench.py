@@ -13,7 +13,12 @@ one local cluster (`rehearsal.Stack`), and compares seconds per fault, steps los
   and the operator restarts the whole job from the last checkpoint;
 - `ft-launcher`: in-process off; ft_launcher restarts the workers of every pod (in-job restart);
 - `in-process+ft`: in-process restart and ft_launcher (the defaults); with `Async` and with `Sync`
-  checkpoints.
+  checkpoints;
+- `ft-launcher-standby`: NVRx's supported path, no in-process layer: ft_launcher with its rendezvous
+  in a store pod and a hot spare standing by in it (`rendezvous.spares: Standby`), which takes a lost
+  node's place in the next round. It needs NVRx 0.7 or later in the pods (run with
+  `PYTHONPATH=.venv/nvrx-0.7.0`), so it is not among the default modes; its node loss takes the
+  node of a pod that trains at the time (which pods train is the rendezvous' choice).
 
 Every mode is a real run on the local cluster (pods as processes, the real control plane); nothing
 is replayed or modelled. Goodput is reported from the first training step and from submission, with
@@ -89,6 +94,12 @@ MODES = {
     "in-process+ft": Mode("in-process+ft", in_process=True, max_in_job_restarts=20),
     "in-process+ft-sync": Mode(
         "in-process+ft", in_process=True, max_in_job_restarts=20, checkpoint_mode="Sync"
+    ),
+    "ft-launcher-standby": Mode(
+        "ft-launcher-standby",
+        in_process=False,
+        max_in_job_restarts=20,
+        spec_patch=configurations.STANDBY_SPEC_PATCH,
     ),
 }
 DEFAULT_MODES = (
@@ -312,6 +323,9 @@ def goodput_markdown(rows: Sequence[Mapping[str, Any]], plan: Sequence[PlannedFa
 
 
 def _settings(mode: Mode, index: int, steps: int, step_sleep: float, plan: list[PlannedFault]) -> JobSettings:
+    if configurations.stands_by(mode.spec_patch):
+        # Which pods train is the rendezvous' choice: the node lost is one that trains.
+        plan = [replace(f, worker=None) if f.kind == "node-loss" else f for f in plan]
     return JobSettings(
         name=f"bench-{index}",
         steps=steps,
@@ -412,6 +426,12 @@ def goodput_main(argv: list[str]) -> int:
     out = args.out or _results_dir()
     plan = goodput_plan(args.steps)
     modes = [MODES[m] for m in args.modes]
+    standby = any(configurations.stands_by(m.spec_patch) for m in modes)
+    if standby and not configurations.standby_capable_nvrx():
+        parser.error(
+            "ft-launcher-standby needs NVRx 0.7 or later in the pods, which run this interpreter's: run "
+            "with PYTHONPATH=.venv/nvrx-0.7.0 (make setup installs it there)"
+        )
     job_nodes = example_nodes()
     nodes = cluster_nodes(modes, plan, job_nodes)
     run_id = processes.tag_environment()

@@ -7,7 +7,10 @@
 - The default one (`faultTolerance.launcher: FtLauncher`): NVRx's in-process restart for an exception
   or a hang, ft_launcher's in-job restart for a killed rank, the operator's pod replacement for a lost
   node; with `rendezvous.host: StorePod` (`DEFAULT_WITH_STORE_POD`) a store pod hosts the rendezvous,
-  so worker 0's node can be the one lost.
+  so worker 0's node can be the one lost; with `rendezvous.spares: Standby` too
+  (`DEFAULT_WITH_STANDBY_SPARES`, NVRx 0.7 in the pods) a hot spare's ft_launcher waits in the
+  rendezvous and takes a lost node's place in the next round: ft_launcher's in-job restart recovers
+  the node loss, and no pod has to start first.
 
 Each is a merge patch over the example job (`rehearsal.merge_patch`) with the layer each fault class
 should be recovered by; `pods` counts what a configuration's job runs at once, one pod per node.
@@ -22,13 +25,16 @@ from typing import Any
 from rtj_operator import api
 
 from rtj_demo.rehearsal import load_example, merge_patch
-from rtj_demo.report import INTENDED_LAYER, LAYER_IN_PROCESS
+from rtj_demo.report import INTENDED_LAYER, LAYER_IN_JOB, LAYER_IN_PROCESS
 
 SUPERVISOR = "Supervisor"
 FT_LAUNCHER = "FtLauncher"
 # spec.rendezvous.host: what hosts ft_launcher's rendezvous.
 WORKER0 = api.RendezvousHost.WORKER0.value
 STORE_POD = api.RendezvousHost.STORE_POD.value
+# spec.rendezvous.spares: how FtLauncher's hot spares take part.
+HOLD_NODE = api.SpareMode.HOLD_NODE.value
+STANDBY = api.SpareMode.STANDBY.value
 # The pods of a job with a store pod (Supervisor's, or FtLauncher's on rendezvous.host StorePod) beside
 # its workers and spares: the store pod.
 STORE_PODS = 1
@@ -54,15 +60,26 @@ RECOMMENDED = Configuration(
 )
 DEFAULT = Configuration(FT_LAUNCHER)
 DEFAULT_WITH_STORE_POD = Configuration(FT_LAUNCHER, {"rendezvous": {"host": STORE_POD}})
+STANDBY_SPEC_PATCH: dict[str, Any] = {"hotSpares": 1, "rendezvous": {"host": STORE_POD, "spares": STANDBY}}
+DEFAULT_WITH_STANDBY_SPARES = Configuration(
+    FT_LAUNCHER, STANDBY_SPEC_PATCH, {**INTENDED_LAYER, "node-loss": LAYER_IN_JOB}
+)
 BY_LAUNCHER = {c.launcher: c for c in (RECOMMENDED, DEFAULT)}
 
 
-def chosen(launcher: str, rendezvous_host: str = WORKER0) -> Configuration:
-    """The configuration of a launcher; FtLauncher's with its rendezvous in a store pod when asked
-    (Supervisor always has one)."""
+def chosen(launcher: str, rendezvous_host: str = WORKER0, spares: str = HOLD_NODE) -> Configuration:
+    """The configuration of a launcher; FtLauncher's with its rendezvous in a store pod, and its
+    spares standing by in it, when asked (Supervisor always has a store pod)."""
     if launcher == FT_LAUNCHER and rendezvous_host == STORE_POD:
-        return DEFAULT_WITH_STORE_POD
+        return DEFAULT_WITH_STANDBY_SPARES if spares == STANDBY else DEFAULT_WITH_STORE_POD
     return BY_LAUNCHER[launcher]
+
+
+def stands_by(spec_patch: Mapping[str, Any]) -> bool:
+    """Whether a merge patch over the example job has FtLauncher's spares stand by in the rendezvous
+    (NVRx 0.7 or later in the pods)."""
+    job = api.parse_job(merge_patch(load_example(), {"spec": spec_patch}))
+    return job.spec.rendezvous.spares is api.SpareMode.STANDBY
 
 
 def has_store_pod(spec_patch: Mapping[str, Any]) -> bool:
@@ -71,9 +88,18 @@ def has_store_pod(spec_patch: Mapping[str, Any]) -> bool:
     return api.has_store_pod(job.spec)
 
 
+def standby_capable_nvrx() -> bool:
+    """Whether this interpreter's NVRx, which the local cluster's pods run, has standby nodes (0.7 on)."""
+    from rtj_trainer.library import nvrx_compat
+
+    return nvrx_compat.nvrx_version() >= nvrx_compat.NVRX_0_7
+
+
 def of_patch(spec_patch: Mapping[str, Any]) -> Configuration:
     """The configuration of the launcher a merge patch over the example job names (the example's
-    own, FtLauncher, when it names none)."""
+    own, FtLauncher, when it names none), its spares standing by where the patch says so."""
+    if stands_by(spec_patch):
+        return DEFAULT_WITH_STANDBY_SPARES
     ft = spec_patch.get("faultTolerance") or {}
     return BY_LAUNCHER[ft.get("launcher", FT_LAUNCHER)]
 

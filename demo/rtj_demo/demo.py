@@ -53,7 +53,10 @@ def checkpoint_interval(steps: int) -> int:
 
 
 def fault_plan(
-    steps: int, launcher: str = configurations.SUPERVISOR, rendezvous_host: str = configurations.WORKER0
+    steps: int,
+    launcher: str = configurations.SUPERVISOR,
+    rendezvous_host: str = configurations.WORKER0,
+    spares: str = configurations.HOLD_NODE,
 ) -> list[PlannedFault]:
     """One fault of each class, spread over the run so each recovery ends before the next fault.
 
@@ -62,7 +65,8 @@ def fault_plan(
     in-process recovery, the second from the spare that took over the first. Under the default
     launcher worker 0's launcher hosts the rendezvous: losing it is a gang restart, a different
     story, so only worker 1's node is lost, unless a store pod hosts the rendezvous: then it is worker
-    0's.
+    0's; with standby spares, which pods train is the rendezvous' choice, so it is the node of a pod
+    that trains at the time.
     """
     interval = checkpoint_interval(steps)
     if launcher == configurations.SUPERVISOR:
@@ -80,9 +84,17 @@ def fault_plan(
         PlannedFault(
             "node-loss",
             mid_interval(steps * 75 // 100, interval),
-            worker=0 if rendezvous_host == configurations.STORE_POD else 1,
+            worker=_lost_worker(rendezvous_host, spares),
         ),
     ]
+
+
+def _lost_worker(rendezvous_host: str, spares: str) -> int | None:
+    """The default launcher's lost worker (`PlannedFault.worker`): 1 where worker 0 hosts the
+    rendezvous, 0 where a store pod does, and where the spares stand by, whichever pod trains."""
+    if rendezvous_host != configurations.STORE_POD:
+        return 1
+    return None if spares == configurations.STANDBY else 0
 
 
 def needed_nodes(configuration: configurations.Configuration, plan: list[PlannedFault]) -> int:
@@ -115,6 +127,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=configurations.WORKER0,
         help="FtLauncher: what hosts ft_launcher's rendezvous (spec.rendezvous.host); with StorePod the "
         "node lost is worker 0's (default Worker0)",
+    )
+    parser.add_argument(
+        "--spares",
+        choices=(configurations.HOLD_NODE, configurations.STANDBY),
+        default=configurations.HOLD_NODE,
+        help="FtLauncher with --rendezvous-host StorePod: how its hot spare takes part "
+        "(spec.rendezvous.spares); Standby (one spare waiting in the rendezvous) needs NVRx 0.7 or later "
+        "in the pods: run with PYTHONPATH=.venv/nvrx-0.7.0 (make setup installs it) (default HoldNode)",
     )
     parser.add_argument(
         "--step-sleep",
@@ -150,8 +170,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--step-sleep must not be negative")
     if args.rendezvous_host != configurations.WORKER0 and args.launcher != configurations.FT_LAUNCHER:
         parser.error("--rendezvous-host applies to --launcher FtLauncher (Supervisor always has a store pod)")
-    configuration = configurations.chosen(args.launcher, args.rendezvous_host)
-    needed = needed_nodes(configuration, fault_plan(args.steps, args.launcher, args.rendezvous_host))
+    if args.spares != configurations.HOLD_NODE and args.rendezvous_host != configurations.STORE_POD:
+        parser.error("--spares Standby needs --launcher FtLauncher --rendezvous-host StorePod")
+    if args.spares == configurations.STANDBY and not configurations.standby_capable_nvrx():
+        parser.error(
+            "--spares Standby needs NVRx 0.7 or later in the pods, which run this interpreter's: run with "
+            "PYTHONPATH=.venv/nvrx-0.7.0 (make setup installs it there)"
+        )
+    configuration = configurations.chosen(args.launcher, args.rendezvous_host, args.spares)
+    needed = needed_nodes(
+        configuration, fault_plan(args.steps, args.launcher, args.rendezvous_host, args.spares)
+    )
     if args.nodes is None:
         args.nodes = needed
     if args.nodes < needed:
@@ -231,7 +260,7 @@ def _planned_json(fault: PlannedFault) -> dict[str, Any]:
 
 def job_settings(args: argparse.Namespace, plan: list[PlannedFault]) -> JobSettings:
     """The example job as the demo runs it: the launcher's configuration, the steps and the faults."""
-    configuration = configurations.chosen(args.launcher, args.rendezvous_host)
+    configuration = configurations.chosen(args.launcher, args.rendezvous_host, args.spares)
     return JobSettings(
         name="demo",
         steps=args.steps,
@@ -244,8 +273,8 @@ def job_settings(args: argparse.Namespace, plan: list[PlannedFault]) -> JobSetti
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    configuration = configurations.chosen(args.launcher, args.rendezvous_host)
-    plan = fault_plan(args.steps, args.launcher, args.rendezvous_host)
+    configuration = configurations.chosen(args.launcher, args.rendezvous_host, args.spares)
+    plan = fault_plan(args.steps, args.launcher, args.rendezvous_host, args.spares)
     settings = job_settings(args, plan)
     run_id = processes.tag_environment()
     live = LiveLine(interval=10.0)

@@ -294,6 +294,10 @@ class IndexedJob:
             if meta.get("name") and index is not None and created is not None:
                 self.pods.setdefault(meta["name"], SeenPod(meta["name"], int(index), created))
 
+    def slot_node(self, slot: int) -> str | None:
+        """An Indexed Job has no spares: slot i is index i."""
+        return self.worker_node(slot)
+
     def worker_node(self, index: int) -> str | None:
         for pod in self._list_pods():
             meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}

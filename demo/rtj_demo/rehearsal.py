@@ -37,9 +37,10 @@ from typing import Any, Protocol
 
 import yaml
 from rtj_localcluster.ports import reserve_port
+from rtj_operator import api
 from rtj_operator.constants import GROUP, LABEL_JOB, PLURAL, VERSION
 
-from rtj_demo.report import FaultRecord, RecoveryRecord
+from rtj_demo.report import LAYER_POD_REPLACEMENT, FaultRecord, RecoveryRecord
 from rtj_demo.timeline import (
     Timeline,
     align_fault_times,
@@ -68,7 +69,10 @@ class PlannedFault:
     kind: str  # exception | sigkill | hang | node-loss
     step: int
     rank: int | None = None  # the global rank (trainer faults)
-    worker: int = 1  # node-loss: the index of the worker whose node is lost
+    # node-loss: the index of the worker whose node is lost; None: the node of a pod that trains at
+    # the time (the one whose ranks wrote the newest step record), where which pods train is the
+    # rendezvous' choice (standby spares).
+    worker: int | None = 1
 
     def rtj_faults_entry(self) -> str:
         rank = "" if self.rank is None else f",rank={self.rank}"
@@ -447,10 +451,14 @@ class Stack:
         return saved
 
     def worker_node(self, job_name: str, index: int) -> str | None:
+        return self.pod_node(f"{job_name}-worker-{index}")
+
+    def pod_node(self, pod_name: str) -> str | None:
+        """The node pod `pod_name` runs on (None: no such pod now, or not placed)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            pod = self.core.read_namespaced_pod(f"{job_name}-worker-{index}", NAMESPACE)
+            pod = self.core.read_namespaced_pod(pod_name, NAMESPACE)
         except ApiException:
             return None
         return pod.spec.node_name if pod.spec is not None else None
@@ -504,6 +512,10 @@ class JobDriver(Protocol):
     def worker_node(self, index: int) -> str | None:
         """The node the current pod of worker `index` runs on (None: no such pod now)."""
 
+    def slot_node(self, slot: int) -> str | None:
+        """The node of the pod in `slot` (the node rank a pod reports: worker i is slot i, spare k
+        is slot nodes + k; None: no such pod now)."""
+
     def lose_node(self, node: str, on_note: Callable[[str], None]) -> None:
         """The node is lost (its machine dies)."""
 
@@ -549,6 +561,11 @@ class OperatorJob:
     def worker_node(self, index: int) -> str | None:
         return self.stack.worker_node(self.name, index)
 
+    def slot_node(self, slot: int) -> str | None:
+        nodes = example_nodes()
+        role, index = ("worker", slot) if slot < nodes else ("spare", slot - nodes)
+        return self.stack.pod_node(f"{self.name}-{role}-{index}")
+
     def lose_node(self, node: str, on_note: Callable[[str], None]) -> None:
         # The machine dies and stays dead: the node lifecycle controller marks it NotReady after the
         # cluster's grace period, the operator replaces the pod (its Node object stays).
@@ -561,7 +578,12 @@ class OperatorJob:
         return self.stack.job_events(self.name)
 
     def recoveries(self, events: Sequence[Mapping[str, Any]]) -> list[RecoveryRecord]:
-        return recoveries_from_events(events)
+        found = recoveries_from_events(events)
+        if self.objects and api.spares_in_training(api.parse_job(self.objects[0]).spec):
+            # The spares took over the lost pod's ranks; its replacement stands by: a refill of the
+            # spares, which recovers nothing.
+            found = [r for r in found if r.layer != LAYER_POD_REPLACEMENT]
+        return found
 
     def end_message(self, state: str, status: Mapping[str, Any]) -> str:
         return _condition_message(status, state)
@@ -613,15 +635,14 @@ def run_job(
             on_note(f"no new step for {stall_note_seconds:.0f} s; pods: {summary}")
             last_change = time.monotonic()
         if node_losses and step >= node_losses[0].step:
-            worker = node_losses[0].worker
-            node = job.worker_node(worker)
+            node, whose = _loss_target(job, node_losses[0], record)
             if node:
                 # The fault's time is when the kill begins: killing a node's processes takes a while,
                 # and a recovery in-process can be over before the call returns.
                 struck = time.time()
                 job.lose_node(node, on_note)
                 injected.append(FaultRecord(time=struck, kind="node-loss"))
-                on_note(f"fault: node {node} (worker {worker}) killed at step {step}")
+                on_note(f"fault: node {node} ({whose}) killed at step {step}")
                 node_losses.pop(0)
         job.tick(on_note)
         if state in ("Succeeded", "Failed"):
@@ -643,6 +664,17 @@ def run_job(
     timeline.faults.sort(key=lambda f: f.time)
     timeline.recoveries.sort(key=lambda r: r.time)
     return JobResult(settings.name, state, timeline, status, events, finished, message, job.objects)
+
+
+def _loss_target(job: JobDriver, fault: PlannedFault, record: Mapping[str, Any]) -> tuple[str | None, str]:
+    """The node a node-loss fault takes, and whose pod it holds: the planned worker's, or (worker None)
+    that of the pod whose ranks wrote the newest step record."""
+    if fault.worker is not None:
+        return job.worker_node(fault.worker), f"worker {fault.worker}"
+    slot = record.get("nodeRank")
+    if not isinstance(slot, int) or isinstance(slot, bool):
+        return None, ""
+    return job.slot_node(slot), f"the pod in slot {slot}, training"
 
 
 def _newest_record(volume: Path | None, name: str) -> dict[str, Any]:

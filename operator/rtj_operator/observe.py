@@ -576,9 +576,11 @@ class JobView:
         return names.pod_name(self.name, role, index)
 
     @property
-    def supervisor(self) -> bool:
-        """faultTolerance.launcher Supervisor: one world of every pod's ranks, and a store pod."""
-        return self.model.spec.fault_tolerance.launcher is api.Launcher.SUPERVISOR
+    def spares_in_training(self) -> bool:
+        """Whether the hot spares take part in the training (Supervisor's reserve ranks, FtLauncher's
+        standby nodes): a spare is then never given up for a replacement, and a gang restart recreates
+        the spares with the store pod."""
+        return api.spares_in_training(self.model.spec)
 
     @property
     def store_pod(self) -> bool:

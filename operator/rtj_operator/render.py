@@ -34,6 +34,7 @@ from rtj_operator.api import (
     RetentionPolicy,
 )
 from rtj_operator.api import has_store_pod as api_has_store_pod
+from rtj_operator.api import spares_in_training as api_spares_in_training
 from rtj_operator.profiles import (
     EFA_RESOURCE,
     GPU_RESOURCE,
@@ -112,8 +113,20 @@ def has_store_pod(job: ResilientTrainingJob) -> bool:
     return api_has_store_pod(job.spec)
 
 
+def spares_in_training(job: ResilientTrainingJob) -> bool:
+    """Whether the hot spares take part in the training (Supervisor's reserve ranks, FtLauncher's
+    standby nodes): `rtj_operator.api.spares_in_training`."""
+    return api_spares_in_training(job.spec)
+
+
+def nnodes_max(job: ResilientTrainingJob) -> int:
+    """The most nodes in ft_launcher's rendezvous: the workers, and the spares when they stand by in it."""
+    return job.spec.nodes + (job.spec.hot_spares if spares_in_training(job) else 0)
+
+
 def slot(job: ResilientTrainingJob, role: str, index: int) -> int:
-    """A Supervisor pod's slot in the world: worker i is slot i, spare k is slot nodes + k."""
+    """A pod's slot where the spares take part in the training (Supervisor's world, FtLauncher's
+    rendezvous with standby spares): worker i is slot i, spare k is slot nodes + k."""
     return index if role == constants.ROLE_WORKER else job.spec.nodes + index
 
 
@@ -240,15 +253,16 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int) -> list[
     ]
     plain: list[tuple[str, str]] = []
     supervisor = is_supervisor(job)
-    if supervisor:
-        # Every pod runs ranks in the one world: its node rank is its slot, a spare's too.
+    if spares_in_training(job):
+        # Every pod takes part, a spare too: its node rank is its slot (under FtLauncher, the
+        # infrastructure rank that orders the rendezvous' nodes, a spare's after the workers').
         plain.append((c.ENV_NODE_RANK, str(slot(job, role, index))))
     elif role == constants.ROLE_WORKER:
         plain.append((c.ENV_NODE_RANK, str(index)))
     plain += [
         (c.ENV_NNODES, str(spec.nodes)),
-        # Spares stay outside the rendezvous, so the most nodes in it is spec.nodes.
-        (c.ENV_NNODES_MAX, str(spec.nodes)),
+        # Spares holding nodes stay outside the rendezvous; standby spares are in it.
+        (c.ENV_NNODES_MAX, str(nnodes_max(job))),
         (c.ENV_NPROC_PER_NODE, str(processes_per_node(spec))),
         *_rendezvous_env(job),
         (c.ENV_CHECKPOINT_DIR, names.checkpoint_dir(job.name, job.spec.checkpoint.mount_path)),
@@ -523,9 +537,9 @@ def _same_topology_affinity(job: ResilientTrainingJob) -> dict[str, Any] | None:
 
 def _disruption_annotations(job: ResilientTrainingJob, role: str) -> dict[str, str]:
     """karpenter.sh/do-not-disrupt when spec.disruption.doNotDisrupt: on workers, on the store pod (its
-    loss restarts every pod), and under Supervisor on the spares (they run ranks of the world);
-    FtLauncher's spares may go."""
-    protected = role in (constants.ROLE_WORKER, constants.ROLE_STORE) or is_supervisor(job)
+    loss restarts every pod), and on the spares where they take part in the training (Supervisor's
+    reserve ranks, FtLauncher's standby nodes: either may be training); spares holding nodes may go."""
+    protected = role in (constants.ROLE_WORKER, constants.ROLE_STORE) or spares_in_training(job)
     if protected and job.spec.disruption.do_not_disrupt:
         return {constants.ANNOTATION_DO_NOT_DISRUPT: "true"}
     return {}
@@ -796,7 +810,8 @@ def render_spare_pod(
     excluded_nodes: Iterable[str] = (),
     node_name: str | None = None,
 ) -> dict[str, Any]:
-    """Hot spare pod ``index`` (``J-spare-<index>``): sized like a worker, outside the rendezvous."""
+    """Hot spare pod ``index`` (``J-spare-<index>``): sized like a worker; outside the training, holding
+    its node, unless the spares take part in it (`spares_in_training`)."""
     if not 0 <= index < job.spec.hot_spares:
         raise ValueError(f"spare index {index} out of range 0..{job.spec.hot_spares - 1}")
     placement = Placement(tuple(excluded_nodes), node_name)
@@ -812,7 +827,8 @@ def render_store_pod(
     """The store pod ``J-store``. Supervisor: ``rtj-store --port P`` serves the world's TCP stores on
     rendezvous.port P (NVRx's wrapper store) and P + 1 (the process groups'). FtLauncher with
     rendezvous.host StorePod: ``rtj-store --port P --rendezvous-id UID --nnodes N`` hosts
-    ft_launcher's rendezvous on P, so that no worker's node holds it.
+    ft_launcher's rendezvous on P, so that no worker's node holds it (``--nnodes-max N+S`` when the S
+    spares stand by in it).
 
     Small (100m CPU, 256Mi), no GPU, EFA or instance-type requirement, hardened like the trainer, and
     never on a node that runs one of the job's workers or spares (required pod anti-affinity), so that
@@ -894,7 +910,10 @@ def _store_args(job: ResilientTrainingJob, uid: str) -> list[str]:
     port = ["--port", str(job.spec.rendezvous.port)]
     if is_supervisor(job):
         return port
-    return [*port, "--rendezvous-id", uid, "--nnodes", str(job.spec.nodes)]
+    nodes = ["--nnodes", str(job.spec.nodes)]
+    if nnodes_max(job) > job.spec.nodes:
+        nodes += ["--nnodes-max", str(nnodes_max(job))]
+    return [*port, "--rendezvous-id", uid, *nodes]
 
 
 def _store_ports(job: ResilientTrainingJob) -> list[tuple[str, int]]:

@@ -134,6 +134,22 @@ CASES: list[tuple[str, dict[str, Any], str, str | None]] = [
         "cel",
     ),
     (
+        "standby-spares-without-the-store-pod",
+        {"spec.rendezvous.spares": "Standby"},
+        "spec.rendezvous.spares",
+        "cel",
+    ),
+    (
+        "standby-spares-under-supervisor",
+        {
+            "spec.faultTolerance.launcher": "Supervisor",
+            "spec.rendezvous": {"host": "StorePod", "spares": "Standby"},
+        },
+        "spec.rendezvous.spares",
+        "cel",
+    ),
+    ("spares-unknown", {"spec.rendezvous.spares": "Sometimes"}, "spec.rendezvous.spares", "schema"),
+    (
         "memory-interval-negative",
         {"spec.checkpoint.memoryIntervalSteps": -1},
         "spec.checkpoint.memoryIntervalSteps",

@@ -77,3 +77,45 @@ def test_the_api_server_schema_takes_the_field_and_refuses_another_value() -> No
     schema = api.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     host = schema["properties"]["spec"]["properties"]["rendezvous"]["properties"]["host"]
     assert host["enum"] == ["Worker0", "StorePod"] and host["default"] == "Worker0"
+
+
+STANDBY: dict[str, Any] = {"host": "StorePod", "port": 31000, "spares": "Standby"}
+
+
+def test_standby_spares_join_the_rendezvous_after_the_workers_and_the_store_counts_them() -> None:
+    the_job = job(hotSpares=2, rendezvous=STANDBY)
+    assert render.spares_in_training(the_job) and render.nnodes_max(the_job) == 5
+    for index in range(3):
+        env = env_of(render.render_worker_pod(the_job, index))
+        assert (env[constants.ENV_NODE_RANK], env[constants.ENV_NNODES], env[constants.ENV_NNODES_MAX]) == (
+            str(index),
+            "3",
+            "5",
+        )
+    for index in range(2):
+        # A spare's node rank is its infrastructure rank in the rendezvous: after the workers'.
+        env = env_of(render.render_spare_pod(the_job, index))
+        assert (env[constants.ENV_ROLE], env[constants.ENV_NODE_RANK], env[constants.ENV_NNODES_MAX]) == (
+            "spare",
+            str(3 + index),
+            "5",
+        )
+        assert constants.ENV_LAUNCH_MODE not in env  # ft_launcher's, as a worker's
+    (container,) = render.render_store_pod(the_job)["spec"]["containers"]
+    assert container["command"][-4:] == ["--nnodes", "3", "--nnodes-max", "5"]
+
+
+def test_spares_holding_nodes_stay_outside_the_rendezvous() -> None:
+    the_job = job(hotSpares=2)
+    assert the_job.spec.rendezvous.spares is api.SpareMode.HOLD_NODE and not render.spares_in_training(
+        the_job
+    )
+    assert env_of(render.render_worker_pod(the_job, 0))[constants.ENV_NNODES_MAX] == "3"
+    (container,) = render.render_store_pod(the_job)["spec"]["containers"]
+    assert "--nnodes-max" not in container["command"]
+
+
+def test_do_not_disrupt_covers_standby_spares_which_may_be_training() -> None:
+    the_job = job(rendezvous=STANDBY, disruption={"doNotDisrupt": True})
+    spare = render.render_spare_pod(the_job, 0)
+    assert spare["metadata"]["annotations"][constants.ANNOTATION_DO_NOT_DISRUPT] == "true"

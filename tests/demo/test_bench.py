@@ -156,6 +156,22 @@ def test_cluster_has_a_node_per_pod_and_per_loss_of_every_run_so_far() -> None:
     assert bench.cluster_nodes(four, plan, 2) == 2 + len(four) + 1
 
 
+def test_the_standby_mode_loses_a_training_pods_node_and_is_not_a_default() -> None:
+    standby = bench.MODES["ft-launcher-standby"]
+    assert "ft-launcher-standby" not in bench.DEFAULT_MODES  # it needs NVRx 0.7 in the pods
+    settings = bench._settings(standby, 0, 500, 0.15, bench.goodput_plan(500))
+    spec = build_job(load_example(), settings, rendezvous_port=31000)["spec"]
+    assert spec["rendezvous"]["spares"] == "Standby" and spec["rendezvous"]["host"] == "StorePod"
+    assert spec["hotSpares"] == 1 and spec["faultTolerance"]["inProcess"]["enabled"] is False
+    assert [f.worker for f in settings.plan if f.kind == "node-loss"] == [None]
+    assert standby.intended["node-loss"] == "in-job"
+    # The other modes keep worker 1's node.
+    other = bench._settings(bench.MODES["ft-launcher"], 0, 500, 0.15, bench.goodput_plan(500))
+    assert [f.worker for f in other.plan if f.kind == "node-loss"] == [1]
+    # 2 workers + the standby spare + the store pod.
+    assert standby.pods(2) == 4
+
+
 def test_only_the_kubernetes_only_run_gets_the_back_off_allowance() -> None:
     plan = bench.goodput_plan(500)
     assert bench.run_timeout(bench.MODES["full"], plan, 2, 900.0) == 900.0

@@ -65,6 +65,39 @@ def test_the_default_launcher_with_its_rendezvous_in_a_store_pod_loses_worker_0s
         parse_args(["--rendezvous-host", "StorePod"])  # Supervisor always has its store pod
 
 
+def test_the_default_launcher_with_standby_spares_loses_the_node_of_a_pod_that_trains(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plan = fault_plan(120, "FtLauncher", "StorePod", "Standby")
+    # Which pods train is the rendezvous' choice: the loss takes a training pod's node, whichever.
+    assert [(f.kind, f.worker) for f in plan][-1] == ("node-loss", None)
+    configuration = configurations.chosen("FtLauncher", "StorePod", "Standby")
+    assert configuration is configurations.DEFAULT_WITH_STANDBY_SPARES
+    assert configuration.intended["node-loss"] == "in-job"  # a standby node takes its place
+    assert configurations.of_patch(configuration.spec_patch) is configuration
+    # Two workers, the standby spare, the store pod, a node for the one lost, one more.
+    assert configurations.cluster_nodes([configuration.spec_patch], 1, 2) == 6
+    spec = parse_job(
+        build_job(
+            load_example(),
+            JobSettings(
+                name="demo", steps=120, checkpoint_interval=8, plan=plan, spec_patch=configuration.spec_patch
+            ),
+            rendezvous_port=31234,
+        )
+    ).spec
+    assert (spec.rendezvous.host, spec.rendezvous.spares, spec.hot_spares) == ("StorePod", "Standby", 1)
+    with pytest.raises(SystemExit):
+        parse_args(["--launcher", "FtLauncher", "--spares", "Standby"])  # only with the store pod
+    standby = ["--launcher", "FtLauncher", "--rendezvous-host", "StorePod", "--spares", "Standby"]
+    if configurations.standby_capable_nvrx():
+        assert parse_args(standby).nodes == 6
+        return
+    with pytest.raises(SystemExit):
+        parse_args(standby)  # .venv's NVRx 0.4.1 has no standby nodes
+    assert "PYTHONPATH=.venv/nvrx-0.7.0" in capsys.readouterr().err
+
+
 def test_options_are_checked() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--steps", "10"])
@@ -118,12 +151,19 @@ def test_live_view_takes_whichever_source_is_further_along() -> None:
     assert (empty.step, empty.state, empty.checkpoint_step) == (0, "Pending", None)
 
 
-def run_quick_demo(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """`rtj demo --quick` with `options` in a process of its own: its result and report, once it
-    exited 0 and left no process of its run behind."""
+# NVRx 0.7.0's modules beside .venv's 0.4.1 (the Makefile's NVRX_0_7): first on the path of a demo
+# whose pods need it (standby spares).
+NVRX_0_7_PATH = Path(sys.prefix) / "nvrx-0.7.0"
+
+
+def run_quick_demo(
+    tmp_path: Path, *options: str, env_extra: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """`rtj demo --quick` with `options` in a process of its own (its environment and its pods' with
+    `env_extra`): its result and report, once it exited 0 and left no process of its run behind."""
     run_id = uuid.uuid4().hex
     out = tmp_path / "demo"
-    env = {**os.environ, processes.RUN_TAG: run_id, "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, processes.RUN_TAG: run_id, "PYTHONWARNINGS": "ignore", **(env_extra or {})}
     done = subprocess.run(
         [sys.executable, "-m", "rtj_operator.cli", "demo", "--quick", *options, "--out", str(out)],
         env=env,
@@ -185,3 +225,26 @@ def test_quick_demo_of_the_default_launcher_with_a_store_pod_replaces_worker_0_a
     assert status["store"]["nodeName"] not in {f["nodeName"] for f in status["nodeFaults"]}
     reasons = {e["reason"] for e in data["events"]}
     assert events.NODE_LOST in reasons and events.GANG_RESTART not in reasons, reasons
+
+
+@pytest.mark.slow
+def test_quick_demo_with_a_standby_spare_recovers_the_node_loss_without_waiting_for_a_pod(
+    tmp_path: Path,
+) -> None:
+    """The default launcher on NVRx 0.7.0 with its hot spare standing by in the store pod's rendezvous
+    (`rtj demo --quick --launcher FtLauncher --rendezvous-host StorePod --spares Standby`, 0.7.0 on
+    the demo's and so the pods' path): the node of a pod that trains is lost, and a standby node
+    takes its place in ft_launcher's next round (an in-job restart) while the operator replaces the
+    lost pod elsewhere, never on the spare's node; no gang restart."""
+    assert (NVRX_0_7_PATH / "nvidia_resiliency_ext").is_dir(), f"{NVRX_0_7_PATH}: run make setup"
+    options = ("--launcher", "FtLauncher", "--rendezvous-host", "StorePod", "--spares", "Standby")
+    _, data = run_quick_demo(tmp_path, *options, env_extra={"PYTHONPATH": str(NVRX_0_7_PATH)})
+    assert data["ok"] and data["problems"] == [], data["problems"]
+    faults = {f["kind"]: f for f in data["report"]["faults"]}
+    assert faults["node-loss"]["recovered_by"] == "in-job", faults["node-loss"]
+    # The lost pod (a worker's or the spare's, whichever trained there) was replaced, its node
+    # recorded once; no spare's node was given up for it and no gang restarted.
+    assert len(data["status"]["nodeFaults"]) == 1, data["status"]["nodeFaults"]
+    reasons = {e["reason"] for e in data["events"]}
+    assert events.NODE_LOST in reasons, reasons
+    assert events.GANG_RESTART not in reasons and events.SPARE_USED not in reasons, reasons

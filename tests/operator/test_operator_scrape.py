@@ -75,11 +75,22 @@ def test_only_running_reporting_pods_with_an_ip_are_read() -> None:
     reserve["spec"]["containers"][0]["env"] = [
         {"name": constants.ENV_LAUNCH_MODE, "value": constants.LAUNCH_MODE_SUPERVISOR}
     ]
+    standby = pod("standby", 9410, role="spare")  # rendezvous.spares Standby: in the rendezvous
+    standby["spec"]["containers"][0]["env"] = [
+        {"name": constants.ENV_NNODES, "value": "2"},
+        {"name": constants.ENV_NNODES_MAX, "value": "3"},
+    ]
+    holding = pod("idle-spare", 9410, role="spare")  # ft_launcher's spares that only hold a node
+    holding["spec"]["containers"][0]["env"] = [
+        {"name": constants.ENV_NNODES, "value": "2"},
+        {"name": constants.ENV_NNODES_MAX, "value": "2"},
+    ]
     found = targets(
         [
             pod("a", 9410),
-            pod("idle-spare", 9410, role="spare"),  # ft_launcher's spares only hold a node
+            holding,
             reserve,
+            standby,
             pod("store", 9410, role="store"),
             pod("pending", 9410, phase="Pending"),
             pod("no-ip", 9410, ip=""),
@@ -89,6 +100,7 @@ def test_only_running_reporting_pods_with_an_ip_are_read() -> None:
     assert [(t.uid, t.url) for t in found] == [
         ("a", "http://127.0.0.1:9410/progress"),
         ("reserve", "http://127.0.0.1:9410/progress"),
+        ("standby", "http://127.0.0.1:9410/progress"),
         ("v6", "http://[fd00::1]:9411/progress"),
     ]
 

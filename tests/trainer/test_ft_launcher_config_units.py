@@ -161,3 +161,27 @@ def test_a_bad_pattern_stops_rtj_launch_before_anything_starts(
     assert launch.main(["--", str(tmp_path / "never-run")]) == 78
     first, second = message.read_text().splitlines()
     assert first == "FaultReason: StartupFailed" and "RTJ_STEP_LOG_PATTERN" in second
+
+
+def test_standby_spares_need_nvrx_0_7_and_a_worker_on_an_older_release_stops_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    standby = trainer_env(RTJ_NNODES="2", RTJ_NNODES_MAX="3", RTJ_NODE_RANK="2")
+    assert standby.standby_spares and standby.slots == 3
+    assert not trainer_env(RTJ_NNODES="2").standby_spares
+    launch.check_standby_support(standby, (0, 7, 0))
+    with pytest.raises(env.EnvError, match=r"rendezvous.spares Standby .* needs NVRx 0.7 or later"):
+        launch.check_standby_support(standby, (0, 4, 1))
+    if nvrx_compat.nvrx_version() >= nvrx_compat.NVRX_0_7:
+        return  # the refusal below is for releases before 0.7 (.venv's 0.4.1)
+    message = tmp_path / "termination-log"
+    for name, value in {
+        "RTJ_NNODES": "2",
+        "RTJ_NNODES_MAX": "3",
+        "RTJ_TERMINATION_MESSAGE_PATH": str(message),
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert launch.main(["--", str(tmp_path / "never-run")]) == 78
+    first, second = message.read_text().splitlines()
+    assert first == "FaultReason: StartupFailed" and "rendezvous.spares HoldNode" in second

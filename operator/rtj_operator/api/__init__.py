@@ -69,9 +69,11 @@ from rtj_operator.api.spec import (
     ResourceOverrides,
     RetentionPolicy,
     SchedulingSpec,
+    SpareMode,
     StorageSpec,
     has_store_pod,
     library_only_fields_set,
+    spares_in_training,
 )
 from rtj_operator.api.status import (
     BudgetStatus,
@@ -162,6 +164,7 @@ __all__ = [
     "RestartsStatus",
     "RetentionPolicy",
     "SchedulingSpec",
+    "SpareMode",
     "StorageSpec",
     "TaintEffect",
     "Toleration",
@@ -175,4 +178,5 @@ __all__ = [
     "has_store_pod",
     "library_only_fields_set",
     "parse_job",
+    "spares_in_training",
 ]

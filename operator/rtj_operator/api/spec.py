@@ -140,6 +140,14 @@ class RendezvousHost(enum.StrEnum):
     STORE_POD = "StorePod"
 
 
+class SpareMode(enum.StrEnum):
+    # HoldNode: a hot spare holds a node outside the rendezvous; a lost worker's replacement takes it.
+    HOLD_NODE = "HoldNode"
+    # Standby: a hot spare's ft_launcher waits in the rendezvous as a standby node (NVRx 0.7 or later)
+    # and takes a lost node's place in the next round; the lost worker's replacement stands by in turn.
+    STANDBY = "Standby"
+
+
 class RetentionPolicy(enum.StrEnum):
     # Retain: the checkpoint claim outlives the job (it carries no owner reference).
     RETAIN = "Retain"
@@ -321,6 +329,23 @@ class RendezvousSpec(ApiModel):
         "host that closes its rounds); a release with the barrier rendezvous but no nvrx-control cannot "
         "host it there. Supervisor always has a store pod. Optional; default: Worker0.",
     )
+    spares: SpareMode = Field(
+        default=SpareMode.HOLD_NODE,
+        description="spares is how hotSpares take part under faultTolerance.launcher FtLauncher. "
+        "HoldNode: each holds a node outside the rendezvous, and a lost worker's replacement pod is "
+        "created on a spare's node (no scheduling, no image pull; the training restarts once it has "
+        "started). Standby (NVRx 0.7 or later, with host StorePod): each spare's ft_launcher joins the "
+        "rendezvous as a standby node (--nnodes=nodes:nodes+hotSpares) and takes a lost node's place in "
+        "the next round, without waiting for a pod; the lost worker's replacement, created wherever it "
+        "fits, stands by in turn. On an older NVRx a Standby job fails at its first start, naming this "
+        "field. Supervisor's spares always run reserve ranks. Optional; default: HoldNode.",
+    )
+
+
+def spares_in_training(spec: ResilientTrainingJobSpec) -> bool:
+    """Whether the hot spares take part in the training (so a replacement never takes a spare's node):
+    under Supervisor (reserve ranks) and under FtLauncher with rendezvous.spares Standby."""
+    return spec.fault_tolerance.launcher is Launcher.SUPERVISOR or spec.rendezvous.spares is SpareMode.STANDBY
 
 
 def has_store_pod(spec: ResilientTrainingJobSpec) -> bool:
@@ -1159,6 +1184,23 @@ class ResilientTrainingJobSpec(ApiModel):
                 s.fault_tolerance.launcher is not Launcher.SUPERVISOR or s.rendezvous.port < MAX_PORT
             ),
             field_path=".rendezvous.port",
+        ),
+        CelRule(
+            rule=(
+                f"!has(self.rendezvous) || self.rendezvous.spares != '{SpareMode.STANDBY.value}' || "
+                f"(self.rendezvous.host == '{RendezvousHost.STORE_POD.value}' && (!has(self.faultTolerance) "
+                f"|| self.faultTolerance.launcher != '{Launcher.SUPERVISOR.value}'))"
+            ),
+            message="rendezvous.spares Standby needs faultTolerance.launcher FtLauncher and rendezvous.host "
+            "StorePod (the standby nodes wait in the store pod's rendezvous)",
+            check=lambda s: (
+                s.rendezvous.spares is not SpareMode.STANDBY
+                or (
+                    s.rendezvous.host is RendezvousHost.STORE_POD
+                    and s.fault_tolerance.launcher is not Launcher.SUPERVISOR
+                )
+            ),
+            field_path=".rendezvous.spares",
         ),
         keys_are_qualified_names("podLabels", "pod_labels"),
         keys_are_qualified_names("podAnnotations", "pod_annotations"),

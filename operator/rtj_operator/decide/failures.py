@@ -436,11 +436,12 @@ def _gang_restart_cause(run: PassState, verdicts: list[Verdict]) -> str:
 def _rebuild_world(run: PassState) -> None:
     """With a store pod, a gang restart forms a new world from scratch. The store pod is recreated (a
     fresh store: under Supervisor pods that find the old world's marker in it stand by instead of
-    starting ranks; under FtLauncher no old round of the rendezvous is left) and, under Supervisor, so
-    are the spares, whose reserve ranks belong to the broken world; `placement` creates no pod until
-    the old store is gone."""
+    starting ranks; under FtLauncher no old round of the rendezvous is left) and, where the spares
+    take part in the training, so are they (Supervisor's reserve ranks belong to the broken world,
+    FtLauncher's standby nodes to the old rendezvous); `placement` creates no pod until the old store
+    is gone."""
     run.entry(*STORE_KEY).state = EntryState.REPLACING
-    if not run.job.supervisor:
+    if not run.job.spares_in_training:
         return
     for index in range(run.job.hot_spares):
         pod = run.pod(SPARE, index)

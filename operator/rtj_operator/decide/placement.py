@@ -119,8 +119,9 @@ def _drive_replacing(run: PassState, entry: Entry, pod: PodState | None) -> None
     if not store_allows_pods(run):
         return  # the old store pod's deletion wakes the next pass
     replaced_node = entry.node_name
-    # Under Supervisor a spare's pod runs the world's reserve ranks: it is never given up.
-    takes_spare = run.job.hot_spares > 0 and not run.job.supervisor
+    # A spare that takes part in the training (Supervisor's reserve ranks, FtLauncher's standby node,
+    # which may already hold the lost worker's rank) is never given up.
+    takes_spare = run.job.hot_spares > 0 and not run.job.spares_in_training
     spare_node = take_spare(run, run.excluded_names()) if takes_spare else None
     entry.state, entry.node_name = EntryState.CREATING, spare_node or ""
     if spare_node:
@@ -307,9 +308,9 @@ def run_spare(run: PassState, index: int) -> None:
         entry.reset()
         run.remove_pod(pod)
         return
-    if pod.phase == "Succeeded" and run.job.supervisor and not pod.disruption:
-        # Its ranks were the world's (reserve ones, or active ones that took over a lost rank's
-        # index) and the world finished: kept, as a worker that succeeded is.
+    if pod.phase == "Succeeded" and run.job.spares_in_training and not pod.disruption:
+        # It took part in the training (reserve ranks or a standby node, or active ones that took
+        # over a lost rank's place) and the training finished: kept, as a worker that succeeded is.
         sync_entry_from_pod(entry, pod)
         return
     if pod.phase in {"Failed", "Succeeded"} or pod.disruption or on_excluded_node(run, pod):

@@ -74,23 +74,35 @@ def _progress_port(spec: Mapping[str, Any]) -> int:
     return constants.PROGRESS_PORT
 
 
-def _runs_reserve_ranks(spec: Mapping[str, Any]) -> bool:
-    """Rendered for the Supervisor launcher: its hot spares run reserve ranks."""
-    for container in spec.get("containers") or []:
-        for entry in _mapping(container).get("env") or []:
-            var = _mapping(entry)
-            if var.get("name") == constants.ENV_LAUNCH_MODE:
-                return var.get("value") == constants.LAUNCH_MODE_SUPERVISOR
-    return False
+def _env_values(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The plain values of the pod's containers' environment, by name."""
+    return {
+        str(var.get("name")): var.get("value")
+        for container in spec.get("containers") or []
+        for var in map(_mapping, _mapping(container).get("env") or [])
+    }
+
+
+def _spare_trains(spec: Mapping[str, Any]) -> bool:
+    """Rendered for spares that take part in the training: Supervisor's reserve ranks, or standby
+    nodes of ft_launcher's rendezvous (its most nodes above its active ones)."""
+    env = _env_values(spec)
+    if env.get(constants.ENV_LAUNCH_MODE) == constants.LAUNCH_MODE_SUPERVISOR:
+        return True
+    try:
+        return int(env.get(constants.ENV_NNODES_MAX) or 0) > int(env.get(constants.ENV_NNODES) or 0)
+    except ValueError:
+        return False
 
 
 def _reports_progress(labels: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
-    """Workers do; so do hot spares under the Supervisor launcher (their reserve ranks report once
-    they take over a lost index); ft_launcher's spares only hold a node."""
+    """Workers do; so do hot spares that take part in the training (Supervisor's reserve ranks,
+    ft_launcher's standby nodes: they report once they take over a lost rank's place); spares that
+    only hold a node do not."""
     role = labels.get(constants.LABEL_ROLE)
     if role == constants.ROLE_WORKER:
         return True
-    return role == constants.ROLE_SPARE and _runs_reserve_ranks(spec)
+    return role == constants.ROLE_SPARE and _spare_trains(spec)
 
 
 def targets(pods: Iterable[Mapping[str, Any]]) -> list[Target]:

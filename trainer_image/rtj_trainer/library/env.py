@@ -222,6 +222,12 @@ class JobSettings:
         """Ranks in one fixed world with reserve ranks, stores in the store pod (no ft_launcher)."""
         return self.launch_mode == LAUNCH_MODE_SUPERVISOR
 
+    @property
+    def standby_spares(self) -> bool:
+        """Under ft_launcher, whether the hot spares wait in the rendezvous as standby nodes: its
+        most nodes are more than its active ones (rendezvous.spares Standby)."""
+        return not self.supervised and self.nnodes_max > self.nnodes
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> JobSettings:
         d = cls()
@@ -232,6 +238,7 @@ class JobSettings:
         if mode not in (MODE_ASYNC, MODE_SYNC):
             raise EnvError(f"{CHECKPOINT_MODE}={mode!r} must be {MODE_ASYNC!r} or {MODE_SYNC!r}")
         nnodes = _int(environ, NNODES, d.nnodes)
+        nnodes_max = max(_int(environ, NNODES_MAX, nnodes), nnodes)
         env = cls(
             job_name=environ.get(JOB_NAME, d.job_name),
             namespace=environ.get(NAMESPACE, d.namespace),
@@ -242,7 +249,7 @@ class JobSettings:
             role=role,
             node_rank=_int(environ, NODE_RANK, d.node_rank),
             nnodes=nnodes,
-            nnodes_max=_int(environ, NNODES_MAX, nnodes),
+            nnodes_max=nnodes_max,
             nproc_per_node=_int(environ, NPROC_PER_NODE, d.nproc_per_node),
             rdzv_host=environ.get(RDZV_HOST, d.rdzv_host),
             rdzv_port=_int(environ, RDZV_PORT, d.rdzv_port),
@@ -278,7 +285,8 @@ class JobSettings:
             faults=environ.get(FAULTS, d.faults),
             launch_mode=environ.get(LAUNCH_MODE, d.launch_mode),
             slot=_int(environ, SLOT, _int(environ, NODE_RANK, d.node_rank)),
-            slots=_int(environ, SLOTS, nnodes),
+            # Every pod that takes part: the workers, and spares standing by in the rendezvous.
+            slots=_int(environ, SLOTS, nnodes_max),
             store_host=environ.get(STORE_HOST, d.store_host),
             store_port=_int(environ, STORE_PORT, d.store_port),
             memory_interval_steps=_int(environ, MEMORY_INTERVAL_STEPS, d.memory_interval_steps),

@@ -29,7 +29,10 @@ Rendezvous: worker 0 hosts the c10d store (``is_host=1``), every node dials ``RT
 store pod hosts it (``rtj_trainer.runtime.store``), ``RTJ_RDZV_HOST`` is its name and every node is a
 client. The name exists only once the headless service publishes the pod, and a local cluster
 resolves it only in Python, so it is resolved here, with retries, and ft_launcher gets an address.
-With ``RTJ_ROLE=spare`` nothing is launched: the pod holds its node until it is deleted.
+With ``RTJ_ROLE=spare`` nothing is launched: the pod holds its node until it is deleted; but where
+the spares stand by in the rendezvous (``RTJ_NNODES_MAX`` above ``RTJ_NNODES``: rendezvous.spares
+Standby, NVRx 0.7 on) a spare runs ft_launcher as a worker does, its infrastructure rank after the
+workers', and NVRx's barrier rendezvous keeps it out of the training until a round needs it.
 ``RTJ_LAUNCH_MODE=direct`` runs the command as the only child (no ft_launcher, no shim), and the
 supervisor mode runs the ranks itself (``rtj_trainer.runtime.supervisor``).
 ``rtj-launch --prepare-checkpoint-dir`` is the checkpoint-directory init container
@@ -64,6 +67,8 @@ from rtj_trainer.library.env import (
     FT_CONFIG_FILE,
     LAUNCH_MODE,
     LAUNCH_MODE_DIRECT,
+    NNODES,
+    NNODES_MAX,
     ROLE_SPARE,
     STEP_LOG_PATTERN,
     EnvError,
@@ -307,6 +312,20 @@ def _find_executable(name: str) -> str:
         return found
     sibling = Path(sys.executable).parent / name
     return str(sibling) if sibling.exists() else name
+
+
+def check_standby_support(env: TrainerEnv, version: tuple[int, ...]) -> None:
+    """EnvError where the spares are to stand by in the rendezvous but the release cannot keep them
+    out of the training: before 0.7's barrier rendezvous, ft_launcher's --nnodes=N:M (torchrun's
+    elastic range) grows the world with every node that joins."""
+    from rtj_trainer.library import nvrx_compat
+
+    if env.standby_spares and version < nvrx_compat.NVRX_0_7:
+        raise EnvError(
+            f"rendezvous.spares Standby ({NNODES_MAX}={env.nnodes_max} > {NNODES}={env.nnodes}) needs NVRx "
+            f"0.7 or later, whose rendezvous keeps standby nodes out of the training; this image has "
+            f"{'.'.join(map(str, version))}: use rendezvous.spares HoldNode"
+        )
 
 
 def idle_as_spare() -> int:
@@ -609,6 +628,7 @@ def launch_ft(env: TrainerEnv, command: list[str], child_env: dict[str, str]) ->
 
     try:
         config = ft_config(env)
+        check_standby_support(env, nvrx_compat.nvrx_version())
     except EnvError as err:
         return configuration_error(err)
     address = resolve(env.rdzv_host, env.rdzv_port)
@@ -662,7 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_step_log_pattern(env.step_log_pattern)
     except EnvError as err:
         return configuration_error(err)
-    if env.role == ROLE_SPARE and not env.supervised:
+    if env.role == ROLE_SPARE and not env.supervised and not env.standby_spares:
         return idle_as_spare()
     if not args:
         print("usage: rtj-launch -- <training command...>", file=sys.stderr)

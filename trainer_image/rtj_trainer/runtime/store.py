@@ -1,5 +1,5 @@
-"""``rtj-store --port P [--rendezvous-id ID --nnodes N]``: the job's store pod, so that no worker's node
-holds what the job's pods share.
+"""``rtj-store --port P [--rendezvous-id ID --nnodes N [--nnodes-max M]]``: the job's store pod, so
+that no worker's node holds what the job's pods share.
 
 In supervisor mode (``rtj_trainer.runtime.supervisor``) every rank of the job, the hot spares' reserve ranks
 included, is a client of two TCPStore servers that this process hosts: port P for NVRx's in-process
@@ -12,7 +12,8 @@ With ``--rendezvous-id`` (ft_launcher with rendezvous.host StorePod) it hosts ft
 rendezvous on port P instead, which every node's ft_launcher joins as a client (``is_host=0``,
 ``rtj_trainer.runtime.launch``): on NVRx releases with NVRx's own control node (``nvrx-control``,
 0.7 on), whose barrier rendezvous needs a host that closes its rounds, that process runs as this
-one's child; before the barrier rendezvous (0.4), a plain TCPStore is all its rendezvous needs.
+one's child (``--nnodes-max``: the standby spares' nodes beyond the workers, rendezvous.spares
+Standby); before the barrier rendezvous (0.4), a plain TCPStore is all its rendezvous needs.
 """
 
 from __future__ import annotations
@@ -72,7 +73,13 @@ def serve(port: int, *, host: str = "127.0.0.1", offsets: Sequence[int] = WORLD_
 
 
 def rendezvous_command(
-    port: int, *, run_id: str, nnodes: int, version: tuple[int, ...], python: str = sys.executable
+    port: int,
+    *,
+    run_id: str,
+    nnodes: int,
+    version: tuple[int, ...],
+    nnodes_max: int | None = None,
+    python: str = sys.executable,
 ) -> list[str] | None:
     """The command of NVRx's control node for ft_launcher's rendezvous on `port` (pure), or None when
     the release's rendezvous needs only a TCPStore (before the barrier rendezvous).
@@ -89,7 +96,8 @@ def rendezvous_command(
         python,
         "-m",
         NVRX_CONTROL_MODULE,
-        f"--nnodes={nnodes}:{nnodes}",
+        # The active nodes, and every node that may join: the workers, with standby spares beyond them.
+        f"--nnodes={nnodes}:{max(nnodes_max or nnodes, nnodes)}",
         "--rdzv-backend=c10d",
         # The server listens on every address; this is where its own client connects.
         f"--rdzv-endpoint=127.0.0.1:{port}",
@@ -120,7 +128,9 @@ def _control_node_command(args: argparse.Namespace) -> list[str] | None:
     from rtj_trainer.library import nvrx_compat
 
     version = nvrx_compat.nvrx_version()
-    return rendezvous_command(args.port, run_id=args.rendezvous_id, nnodes=args.nnodes, version=version)
+    return rendezvous_command(
+        args.port, run_id=args.rendezvous_id, nnodes=args.nnodes, nnodes_max=args.nnodes_max, version=version
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,6 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rendezvous-id", help="host ft_launcher's rendezvous of this id on --port instead")
     parser.add_argument(
         "--nnodes", type=int, default=1, help="the rendezvous' node count (with --rendezvous-id)"
+    )
+    parser.add_argument(
+        "--nnodes-max",
+        type=int,
+        default=None,
+        help="the most nodes in the rendezvous, standby spares included (default: --nnodes)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
