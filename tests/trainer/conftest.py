@@ -6,7 +6,8 @@ RTJ_TEST_NVRX_VERSION=0.7.0 naming the release that run expects. Every process t
 (ft_launcher, its workers, the checkpoint writers) inherits the path. Tests marked
 `nvrx_independent` (torch and gloo only) run once, on 0.4.1: NVRx is barred from them. Tests marked
 `image_nvrx_only` run once too, on 0.7.0 (the image's release): a test of the local cluster, whose
-pods run .venv's 0.4.1, already runs the same path end to end on 0.4.1.
+pods run .venv's 0.4.1, already runs the same path end to end on 0.4.1, or the path exists from 0.7
+on (standby spares; 0.4.1's refusal has a test of its own).
 """
 
 from __future__ import annotations
