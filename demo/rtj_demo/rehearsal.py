@@ -641,7 +641,7 @@ def run_job(
                 # and a recovery in-process can be over before the call returns.
                 struck = time.time()
                 job.lose_node(node, on_note)
-                injected.append(FaultRecord(time=struck, kind="node-loss"))
+                injected.append(FaultRecord(time=struck, kind="node-loss", killed_by=time.time()))
                 on_note(f"fault: node {node} ({whose}) killed at step {step}")
                 node_losses.pop(0)
         job.tick(on_note)

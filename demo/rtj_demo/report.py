@@ -60,6 +60,12 @@ class FaultRecord:
     time: float
     kind: str
     step: int | None = None
+    # A node loss: when killing the node's processes was over (the kill begins at `time`).
+    killed_by: float | None = None
+
+
+# The most seconds from a node's loss to the next step for the loss to have interrupted nothing.
+NOTHING_INTERRUPTED_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,21 @@ class FaultReport:
 
     @property
     def as_intended(self) -> bool:
-        return self.recovered_by == self.intended_layer
+        return self.recovered_by == self.intended_layer or self.interrupted_nothing
+
+    @property
+    def interrupted_nothing(self) -> bool:
+        """A node lost while its pod trained nothing: no layer acted, no step was lost and the next
+        step came within a step's time or two. Under the Supervisor launcher a pod's ranks can all
+        have moved to the spares' reserve ranks by then (a SIGKILLed rank's index always moves, a
+        rank hung past the hard timeout's too), so there was nothing to recover."""
+        return (
+            self.kind == "node-loss"
+            and self.recovered_by is None
+            and self.steps_lost == 0
+            and self.recovery_seconds is not None
+            and self.recovery_seconds <= NOTHING_INTERRUPTED_SECONDS
+        )
 
 
 @dataclass
@@ -349,7 +369,7 @@ def format_table(report: RunReport) -> str:
         seconds = "-" if f.recovery_seconds is None else f"{f.recovery_seconds:.1f}"
         lost = "-" if f.steps_lost is None else str(f.steps_lost)
         mark = "" if f.as_intended else "  (!)"
-        layer = f.recovered_by or "none"
+        layer = f.recovered_by or ("nothing to do" if f.interrupted_nothing else "none")
         lines.append(f"{f.kind:<10} {layer:<16} {f.intended_layer:<16} {seconds:>8} {lost:>10}{mark}")
     lines.append("")
     lines.append(

@@ -266,7 +266,8 @@ def align_fault_times(
     global rank 0 may still be saving or reporting the last of them, so its record of a step finished
     *before* the fault can carry a later timestamp: records within `lag_seconds` are matched by step
     number. A lost node dies mid-step: rank 0 can still finish the collectives already under way and
-    report the step at once, so records within `node_loss_lag_seconds` of the kill are taken as in
+    report the step at once, so records within `node_loss_lag_seconds` of the kill's end
+    (`killed_by`; on a loaded machine killing a node's processes takes a while) are taken as in
     flight; no recovery of a lost node is that fast (in-process under the Supervisor launcher it
     takes seconds: the survivors' collectives fail, the world re-forms, the replicas move). Without
     this, such a record would pass for the first step after the fault (a recovery of 0 s by no
@@ -276,12 +277,15 @@ def align_fault_times(
     aligned: list[FaultRecord] = []
     for fault in faults:
         when = fault.time
-        lag = lag_seconds if fault.step is not None else node_loss_lag_seconds
+        if fault.step is not None:
+            until = fault.time + lag_seconds
+        else:
+            until = max(fault.time, fault.killed_by or fault.time) + node_loss_lag_seconds
         if fault.step is not None or fault.kind == "node-loss":
             for record in ordered:
                 if record.time < fault.time:
                     continue
-                if record.time > fault.time + lag:
+                if record.time > until:
                     break
                 if fault.step is not None and record.step > fault.step:
                     break

@@ -195,7 +195,11 @@ def test_quick_demo_recovers_every_fault_in_process_worker_0s_node_included_and_
     kinds = ["exception", "sigkill", "hang", "node-loss", "node-loss"]
     assert [f["kind"] for f in report["faults"]] == kinds
     for fault in report["faults"]:
-        assert fault["recovered_by"] == LAYER_IN_PROCESS, fault
+        # A node whose pod's ranks had all moved to the spares' reserve ranks by then (the SIGKILL
+        # moves rank 2's index, a hang past the hard timeout on a loaded machine rank 3's) interrupts
+        # nothing: no layer acts, and the report says so rather than a recovery.
+        nothing = fault["kind"] == "node-loss" and fault["recovered_by"] is None and fault["as_intended"]
+        assert fault["recovered_by"] == LAYER_IN_PROCESS or nothing, fault
         assert fault["recovery_seconds"] > 0 and fault["steps_lost"] == 0, fault
     assert report["final_step"] == 120
     status = data["status"]

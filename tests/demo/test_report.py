@@ -225,3 +225,17 @@ def test_lost_time_by_cause_adds_up_to_what_was_not_useful() -> None:
     bare = build_report(*_timeline()).lost_time()
     assert bare["start-up"] is None and bare["checkpoint blocking"] is None
     assert bare["other"] == pytest.approx(0.0)
+
+
+def test_a_node_loss_that_interrupted_no_training_needs_no_layer_but_a_stall_does() -> None:
+    # Steps every 0.2 s go on through the loss: the node's pod trained nothing.
+    steps = [StepRecord(time=10.0 + 0.2 * i, step=50 + i) for i in range(20)]
+    (fault,) = build_report(steps, [FaultRecord(time=11.05, kind="node-loss")], [], []).faults
+    assert fault.recovered_by is None and fault.steps_lost == 0 and fault.interrupted_nothing
+    assert fault.as_intended and "nothing to do" in format_table(
+        build_report(steps, [FaultRecord(11.05, "node-loss")], [], [])
+    )
+    # The same loss followed by a 5 s stall and no layer acting is not recovered as intended.
+    stalled = [*steps[:6], *(StepRecord(time=16.0 + 0.2 * i, step=56 + i) for i in range(5))]
+    (fault,) = build_report(stalled, [FaultRecord(time=11.05, kind="node-loss")], [], []).faults
+    assert fault.recovered_by is None and not fault.interrupted_nothing and not fault.as_intended

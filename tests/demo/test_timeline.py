@@ -131,6 +131,17 @@ def test_a_lost_nodes_in_flight_steps_are_not_its_recovery() -> None:
     assert fault.steps_lost == 2
 
 
+def test_steps_in_flight_while_a_slow_kill_goes_on_are_not_its_recovery() -> None:
+    # On a loaded machine killing the node's processes took 0.8 s (10.0 to 10.8); rank 0 still reported
+    # steps 21 and 22 in that time and 0.2 s after it. The recovery is the step after the restart.
+    steps = [StepRecord(9.8, 20), StepRecord(10.5, 21), StepRecord(11.0, 22), StepRecord(14.0, 21)]
+    (aligned,) = align_fault_times(steps, [FaultRecord(10.0, "node-loss", killed_by=10.8)])
+    assert aligned.time == 11.0
+    report = build_report(steps, [aligned], [RecoveryRecord(12.0, LAYER_IN_PROCESS)], [])
+    assert report.faults[0].recovered_by == LAYER_IN_PROCESS
+    assert report.faults[0].recovery_seconds == pytest.approx(3.0)
+
+
 def test_a_lost_nodes_in_process_recovery_two_seconds_later_is_its_recovery() -> None:
     # Under the Supervisor launcher the survivors and a spare go on from memory 2.1 s after the kill:
     # that step is the recovery, not a step in flight.

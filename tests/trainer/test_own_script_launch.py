@@ -200,6 +200,7 @@ def test_a_script_that_fails_at_the_same_step_on_every_try_stops_at_the_second(
     prefix = "the training failed the same way after step 3 on 2 tries in a row: exit 1: "
     assert second.startswith(prefix + BAD_STEP_ERRORS[failure]), second
     # Both tries' tracebacks end with the library's note. ft_launcher had 5 restarts left: stopped at
-    # the second try, or at the third when ft_launcher started it before rtj-launch's next read.
+    # the second try, or at the third (on a loaded machine the fourth) when ft_launcher started it
+    # before rtj-launch's next read of the rank records; never at ft_launcher's own limit.
     assert log.count("rtj_trainer: failed after step 3") >= 2, log[-4000:]
-    assert reports and max(r["ranks"]["restartCount"] for r in reports) <= 2
+    assert reports and max(r["ranks"]["restartCount"] for r in reports) <= 3
