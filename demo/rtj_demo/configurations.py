@@ -75,17 +75,20 @@ def chosen(launcher: str, rendezvous_host: str = WORKER0, spares: str = HOLD_NOD
     return BY_LAUNCHER[launcher]
 
 
+def patched_spec(spec_patch: Mapping[str, Any]) -> api.ResilientTrainingJobSpec:
+    """The spec of the job a merge patch over the example job describes, as the API parses it."""
+    return api.parse_job(merge_patch(load_example(), {"spec": spec_patch})).spec
+
+
 def stands_by(spec_patch: Mapping[str, Any]) -> bool:
     """Whether a merge patch over the example job has FtLauncher's spares stand by in the rendezvous
     (NVRx 0.7 or later in the pods)."""
-    job = api.parse_job(merge_patch(load_example(), {"spec": spec_patch}))
-    return job.spec.rendezvous.spares is api.SpareMode.STANDBY
+    return patched_spec(spec_patch).rendezvous.spares is api.SpareMode.STANDBY
 
 
 def has_store_pod(spec_patch: Mapping[str, Any]) -> bool:
     """Whether the job a merge patch over the example job describes runs a store pod (the API's rule)."""
-    job = api.parse_job(merge_patch(load_example(), {"spec": spec_patch}))
-    return api.has_store_pod(job.spec)
+    return api.has_store_pod(patched_spec(spec_patch))
 
 
 def standby_capable_nvrx() -> bool:

@@ -314,6 +314,20 @@ def running_world(nodes: int = 2, node_count: int = 4, **spec: object) -> World:
     return world
 
 
+def uids(world: World) -> dict[str, str]:
+    """Each pod's uid, by name: a pod that was recreated has a new one."""
+    return {name: pod["metadata"]["uid"] for name, pod in world.pods.items()}
+
+
+def lose_store_node(world: World, store_pod: str) -> str:
+    """The store pod's node goes NotReady past the grace, and the world settles; the node's name."""
+    lost = str(world.pods[store_pod]["spec"]["nodeName"])
+    world.node_not_ready(lost)
+    world.tick(11)
+    world.settle()
+    return lost
+
+
 def node_of(world: World, role: str, index: int) -> str:
     pod = world.pod(role, index)
     assert pod is not None

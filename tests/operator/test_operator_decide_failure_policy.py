@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from operator_world import SPARE, WORKER, World, node_body, node_of, running_world
+from operator_world import SPARE, WORKER, World, node_body, node_of, running_world, uids
 from rtj_operator import decide, events
 from rtj_operator.decide import placement
 from rtj_operator.decide.state import PassState
@@ -37,10 +37,6 @@ def disrupted(reason: str, status_reason: str = "") -> dict[str, Any]:
 
 def fail_worker(world: World, index: int, status: dict[str, Any]) -> None:
     world.set_pod(WORKER, index, lambda p: p.update(status=status))
-
-
-def uids(world: World) -> dict[str, str]:
-    return {name: p["metadata"]["uid"] for name, p in world.pods.items()}
 
 
 def budget(world: World) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from operator_world import SPARE, WORKER, World, job_body, node_of
+from operator_world import SPARE, WORKER, World, job_body, lose_store_node, node_of, uids
 from rtj_operator import events
 
 STORE_POD = "train-store"
@@ -23,10 +23,6 @@ def standby_world(**spec: Any) -> World:
     assert world.status()["state"] == "Running" and STORE_POD in world.pods and "train-spare-0" in world.pods
     world.events.clear()
     return world
-
-
-def uids(world: World) -> dict[str, str]:
-    return {name: pod["metadata"]["uid"] for name, pod in world.pods.items()}
 
 
 def test_a_lost_workers_replacement_goes_to_a_free_node_and_the_standby_spare_is_kept() -> None:
@@ -64,10 +60,7 @@ def test_a_standby_spare_that_ends_with_the_training_is_kept_and_the_job_succeed
 def test_losing_the_store_pods_node_recreates_the_standby_spares_with_the_store() -> None:
     world = standby_world()
     before = uids(world)
-    lost = world.pods[STORE_POD]["spec"]["nodeName"]
-    world.node_not_ready(lost)
-    world.tick(11)
-    world.settle()
+    lose_store_node(world, STORE_POD)
     assert events.STORE_LOST in world.reasons() and world.reasons().count(events.GANG_RESTART) == 1
     after = uids(world)
     assert not set(before.values()) & set(after.values())  # every pod is new, the spare's included

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from operator_world import SPARE, WORKER, World, job_body, node_of
+from operator_world import SPARE, WORKER, World, job_body, lose_store_node, node_of, uids
 from rtj_operator import events
 
 STORE_POD = "train-store"
@@ -20,10 +20,6 @@ def store_world(**spec: Any) -> World:
     assert world.status()["state"] == "Running" and STORE_POD in world.pods
     world.events.clear()
     return world
-
-
-def uids(world: World) -> dict[str, str]:
-    return {name: pod["metadata"]["uid"] for name, pod in world.pods.items()}
 
 
 def test_losing_worker_zeros_node_replaces_that_pod_alone_on_the_spares_node() -> None:
@@ -47,10 +43,7 @@ def test_losing_worker_zeros_node_replaces_that_pod_alone_on_the_spares_node() -
 def test_losing_the_store_pods_node_restarts_the_workers_around_a_fresh_store() -> None:
     world = store_world(hotSpares=1)
     before = uids(world)
-    lost = world.pods[STORE_POD]["spec"]["nodeName"]
-    world.node_not_ready(lost)
-    world.tick(11)
-    world.settle()
+    lost = lose_store_node(world, STORE_POD)
     assert events.STORE_LOST in world.reasons() and world.reasons().count(events.GANG_RESTART) == 1
     after = uids(world)
     for name in (STORE_POD, "train-worker-0", "train-worker-1"):

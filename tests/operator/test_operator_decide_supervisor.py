@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from operator_world import SPARE, WORKER, World, job_body, node_of
+from operator_world import SPARE, WORKER, World, job_body, node_of, uids
 from rtj_operator import decide, events
 
 STORE_POD = "train-store"
@@ -20,10 +20,6 @@ def supervisor_world(nodes: int = 2, node_count: int = 6, **spec: Any) -> World:
     assert world.status()["state"] == "Running"
     world.events.clear()
     return world
-
-
-def uids(world: World) -> dict[str, str]:
-    return {name: pod["metadata"]["uid"] for name, pod in world.pods.items()}
 
 
 def pod_creates(world: World, since: int = 0) -> list[str]:

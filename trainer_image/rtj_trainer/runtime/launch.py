@@ -130,7 +130,7 @@ def ft_launcher_argv(
     names = dict(nvrx_compat.ft_launcher_flags(version))
     argv = [
         launcher,
-        f"--nnodes={env.nnodes}:{max(env.nnodes_max, env.nnodes)}",
+        f"--nnodes={env.nnodes}:{env.nnodes_max}",
         f"--nproc-per-node={env.nproc_per_node}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={_host_port(rdzv_address, env.rdzv_port)}",
