@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import rtj_trainer
 import torch
 from file_faults import flip_a_bit
+from rtj_localcluster.ports import reserve_port
 from rtj_trainer.library import checkpoint, drain
 
 SCRIPT = r"""
@@ -103,16 +103,10 @@ if __name__ == "__main__":
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_two_ranks(
     script: Path, phase: str, directory: Path, extra_env: dict[str, str], pods: str = "pod"
 ) -> list[int]:
-    port = _free_port()
+    port = reserve_port()  # not an ephemeral one: the other test lane's connections take those
     base = {k: v for k, v in os.environ.items() if not k.startswith("RTJ_")}
     procs = []
     for rank in (0, 1):

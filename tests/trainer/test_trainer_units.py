@@ -4,6 +4,7 @@ pruning, the progress JSON, and the environment contract as the operator renders
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 from pathlib import Path
@@ -255,11 +256,48 @@ def test_env_parses_what_the_operator_renders() -> None:
         ("RTJ_CHECKPOINT_MODE", "Later"),
         ("RTJ_NNODES", "two"),
         ("RTJ_INPROCESS_ENABLED", "maybe"),
+        ("RTJ_TRAINER_STORE_PORT", "65535"),
     ],
 )
 def test_env_rejects_malformed_values(name: str, value: str) -> None:
     with pytest.raises(env.EnvError, match=name):
         env.TrainerEnv.from_environ({name: value})
+
+
+def test_rank_0_hosts_its_stores_after_master_port_unless_told_where() -> None:
+    from rtj_trainer.reference.train import StorePorts
+
+    assert StorePorts.of(40000, env.TrainerEnv.from_environ({})) == StorePorts(groups=40001, wrapper=40002)
+    told = env.TrainerEnv.from_environ({"RTJ_TRAINER_STORE_PORT": "21000"})
+    assert StorePorts.of(40000, told) == StorePorts(groups=21000, wrapper=21001)
+    # Supervisor mode: the store pod's ports, whatever the variable says.
+    supervised = env.TrainerEnv.from_environ(
+        {"RTJ_LAUNCH_MODE": "supervisor", "RTJ_STORE_HOST": "store", "RTJ_TRAINER_STORE_PORT": "21000"}
+    )
+    assert StorePorts.of(29500, supervised) == StorePorts(groups=29501, wrapper=29500)
+
+
+def test_a_single_rank_gets_a_master_port_with_its_two_store_ports_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rtj_trainer.reference import train
+
+    for name in ("RANK", "MASTER_PORT", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+        monkeypatch.setenv(name, "")  # restored (or removed) after the test, like the rest
+        monkeypatch.delenv(name)
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    taken = held.getsockname()[1]
+    # The first free port the kernel offers has its next port taken: it is passed over.
+    offered = iter([taken - 1, taken - 1, 0])
+    real_free_port = train._free_port
+    monkeypatch.setattr(train, "_free_port", lambda: next(offered) or real_free_port())
+    try:
+        train.ensure_rank_env()
+    finally:
+        held.close()
+    master = int(os.environ["MASTER_PORT"])
+    assert master != taken - 1 and os.environ["RANK"] == "0"
 
 
 # --- fault plans --------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rtj_localcluster.ports import reserve_port
+from rtj_localcluster.ports import reserve_port, reserve_port_pair
 
 BIN = Path(sys.executable).parent
 
@@ -56,6 +56,9 @@ def launch_env(
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "RTJ_RDZV_HOST": "127.0.0.1",
         "RTJ_RDZV_PORT": str(port),
+        # Rank 0's stores on ports no other test takes (the ports after ft_launcher's MASTER_PORT are
+        # ephemeral ones, which the control planes' connections of the other test lane keep busy).
+        "RTJ_TRAINER_STORE_PORT": str(reserve_port_pair()),
         "RTJ_NNODES": "2",
         "RTJ_NPROC_PER_NODE": str(nproc),
         "RTJ_JOB_UID": f"test-{port}",

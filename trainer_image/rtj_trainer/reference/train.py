@@ -12,8 +12,9 @@ A drain (the pod's SIGTERM, ``rtj_trainer.install_drain_handler``) ends the step
 a checkpoint of it on every rank and exits. Everything resilient goes through the library's public
 API (``rtj_trainer.__all__``, docs/library.md), as a user's script does.
 
-Ports: ft_launcher's store listens on MASTER_PORT; the process groups' store on MASTER_PORT+1 and
-the wrapper's store on MASTER_PORT+2 (both hosted by rank 0).
+Ports (``StorePorts``): rank 0 hosts the process groups' store on MASTER_PORT+1 and the wrapper's
+store on MASTER_PORT+2, or on RTJ_TRAINER_STORE_PORT and the port after it where that is set; in
+supervisor mode the store pod serves the wrapper's store on MASTER_PORT and the groups' after it.
 """
 
 from __future__ import annotations
@@ -51,8 +52,23 @@ from rtj_trainer.rehearsal import faults as faults_mod
 
 log = logging.getLogger("rtj_trainer")
 
-PG_STORE_PORT_OFFSET = 1
-WRAPPER_STORE_PORT_OFFSET = 2
+
+@dataclasses.dataclass(frozen=True)
+class StorePorts:
+    """Where the process groups' store (it outlives in-process iterations) and in-process restart's
+    store listen."""
+
+    groups: int
+    wrapper: int
+
+    @classmethod
+    def of(cls, master_port: int, env: rtj_trainer.JobSettings) -> StorePorts:
+        if env.supervised:  # the store pod's two ports
+            return cls(groups=master_port + 1, wrapper=master_port)
+        # Rank 0's: ft_launcher's MASTER_PORT is a port it found free; nothing checked the next two,
+        # which is why a host whose ports other programs share names its own.
+        groups = env.trainer_store_port or master_port + 1
+        return cls(groups=groups, wrapper=groups + 1)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -89,13 +105,32 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _port_before_two_free() -> int:
+    """A free port whose next two are free as well: a single rank's MASTER_PORT (StorePorts)."""
+    port = _free_port()
+    for _ in range(100):
+        if port + 2 <= 65535 and _bindable(port + 1) and _bindable(port + 2):
+            return port
+        port = _free_port()
+    return port
+
+
 def ensure_rank_env() -> None:
     """Outside a launcher, run as a single rank."""
     if "RANK" in os.environ:
         return
     os.environ.update(
         {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-        | ({} if "MASTER_PORT" in os.environ else {"MASTER_PORT": str(_free_port() - 2)})
+        | ({} if "MASTER_PORT" in os.environ else {"MASTER_PORT": str(_port_before_two_free())})
     )
 
 
@@ -144,6 +179,7 @@ class Trainer:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.master_addr = os.environ["MASTER_ADDR"]
         self.master_port = int(os.environ["MASTER_PORT"])
+        self.store_ports = StorePorts.of(self.master_port, env)
         self.cfg = ModelConfig(
             vocab=args.vocab,
             hidden=args.hidden,
@@ -210,7 +246,7 @@ class Trainer:
         if env.supervised:
             self.pg_store = dist.TCPStore(  # type: ignore[attr-defined]
                 host_name=self.master_addr,
-                port=self.master_port + PG_STORE_PORT_OFFSET,
+                port=self.store_ports.groups,
                 is_master=False,
                 timeout=timeout,
                 wait_for_workers=False,
@@ -218,7 +254,7 @@ class Trainer:
         else:
             self.pg_store = dist.TCPStore(  # type: ignore[attr-defined]
                 host_name=self.master_addr,
-                port=self.master_port + PG_STORE_PORT_OFFSET,
+                port=self.store_ports.groups,
                 world_size=self.world_size,
                 is_master=self.rank == 0,
                 timeout=timeout,
@@ -663,15 +699,13 @@ def training_entry(trainer: Trainer, env: rtj_trainer.JobSettings) -> Callable[[
         return functools.partial(trainer.run, None)
     from rtj_trainer.reference.restart import restartable
 
-    # Supervisor mode: the store pod serves the wrapper's store on MASTER_PORT and the process
-    # groups' on the next port; otherwise ft_launcher's is on MASTER_PORT and rank 0 hosts the others.
-    wrapper_port = trainer.master_port + (0 if env.supervised else WRAPPER_STORE_PORT_OFFSET)
+    ports = trainer.store_ports
     return restartable(
         trainer.run,
         env,
         store_host=trainer.master_addr,
-        store_port=wrapper_port,
-        keep_ports=(trainer.master_port, trainer.master_port + PG_STORE_PORT_OFFSET, wrapper_port),
+        store_port=ports.wrapper,
+        keep_ports=(trainer.master_port, ports.groups, ports.wrapper),
         poker=trainer.poker,
         active_world_size=trainer.world_size if env.supervised else None,
     )
