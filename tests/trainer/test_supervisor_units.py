@@ -116,6 +116,13 @@ def test_each_local_rank_gets_its_slot_global_rank_and_the_store() -> None:
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["KEEP"], e["LOCAL_WORLD_SIZE"]) for e in envs} == {
         ("10.0.0.9", "29500", "1", "2")
     }
+    # Each rank finds the store pod's two stores where rtj-store serves them.
+    from rtj_trainer.reference.train import StorePorts
+
+    served = {29500 + offset for offset in store.WORLD_STORES}
+    for rank_env in envs:
+        ports = StorePorts.of(int(rank_env["MASTER_PORT"]), TrainerEnv.from_environ(rank_env))
+        assert {ports.wrapper, ports.groups} == served and ports.wrapper == 29500 + world.WRAPPER_STORE_OFFSET
 
 
 def test_the_contract_names_what_is_wrong() -> None:
@@ -151,7 +158,7 @@ def test_the_store_pod_serves_both_stores_and_tells_a_late_pod_the_world_formed(
     try:
         assert not supervisor.world_formed("127.0.0.1", port, timeout=10)
         pg = dist.TCPStore(  # type: ignore[attr-defined]
-            "127.0.0.1", port + store.PG_STORE_OFFSET, is_master=False, wait_for_workers=False
+            "127.0.0.1", port + world.PG_STORE_OFFSET, is_master=False, wait_for_workers=False
         )
         pg.set(world.WORLD_FORMED_KEY, "1")
         assert supervisor.world_formed("127.0.0.1", port, timeout=10)

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from rtj_localcluster.ports import reserve_port_pair
 from rtj_operator.progress import NodeFaultReport, parse_report
 from rtj_trainer.library import node_faults, progress
+from trainer_launch_support import store_ports
 
 
 def _chained(outer: str, inner: str) -> BaseException:
@@ -128,8 +128,7 @@ def test_an_injected_cuda_ecc_error_is_counted_for_the_node_and_reported(tmp_pat
         "RTJ_PROGRESS_INTERVAL_SECONDS": "0",
         "RTJ_NODE_NAME": "node-7",
         "RTJ_FAULTS": "gpu-error@step=3",
-        # Its stores on ports no other test takes (the lanes' clusters keep the ephemeral ones busy).
-        "RTJ_TRAINER_STORE_PORT": str(reserve_port_pair()),
+        **store_ports(),
         "TMPDIR": str(tmp_path),
         "OMP_NUM_THREADS": "1",
     }

@@ -256,7 +256,7 @@ def test_env_parses_what_the_operator_renders() -> None:
         ("RTJ_CHECKPOINT_MODE", "Later"),
         ("RTJ_NNODES", "two"),
         ("RTJ_INPROCESS_ENABLED", "maybe"),
-        ("RTJ_TRAINER_STORE_PORT", "65535"),
+        ("RTJ_GROUPS_STORE_PORT", "65536"),
     ],
 )
 def test_env_rejects_malformed_values(name: str, value: str) -> None:
@@ -267,14 +267,9 @@ def test_env_rejects_malformed_values(name: str, value: str) -> None:
 def test_rank_0_hosts_its_stores_after_master_port_unless_told_where() -> None:
     from rtj_trainer.reference.train import StorePorts
 
-    assert StorePorts.of(40000, env.TrainerEnv.from_environ({})) == StorePorts(groups=40001, wrapper=40002)
-    told = env.TrainerEnv.from_environ({"RTJ_TRAINER_STORE_PORT": "21000"})
-    assert StorePorts.of(40000, told) == StorePorts(groups=21000, wrapper=21001)
-    # Supervisor mode: the store pod's ports, whatever the variable says.
-    supervised = env.TrainerEnv.from_environ(
-        {"RTJ_LAUNCH_MODE": "supervisor", "RTJ_STORE_HOST": "store", "RTJ_TRAINER_STORE_PORT": "21000"}
-    )
-    assert StorePorts.of(29500, supervised) == StorePorts(groups=29501, wrapper=29500)
+    assert StorePorts.of(40000, env.TrainerEnv.from_environ({})) == StorePorts(wrapper=40001, groups=40002)
+    told = env.TrainerEnv.from_environ({"RTJ_WRAPPER_STORE_PORT": "21000", "RTJ_GROUPS_STORE_PORT": "21005"})
+    assert StorePorts.of(40000, told) == StorePorts(wrapper=21000, groups=21005)
 
 
 def test_a_single_rank_gets_a_master_port_with_its_two_store_ports_free(

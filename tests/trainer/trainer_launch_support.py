@@ -40,6 +40,14 @@ class Run:
         return self.node(node_rank)[-1]
 
 
+def store_ports() -> dict[str, str]:
+    """Where rank 0 of rtj-train hosts its two stores: ports no other test takes, where by default
+    they follow ft_launcher's MASTER_PORT, an ephemeral port, whose neighbours the control planes'
+    connections of the other test lane keep busy."""
+    wrapper = reserve_port_pair()
+    return {"RTJ_WRAPPER_STORE_PORT": str(wrapper), "RTJ_GROUPS_STORE_PORT": str(wrapper + 1)}
+
+
 def launch_env(
     workdir: Path,
     *,
@@ -56,9 +64,7 @@ def launch_env(
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "RTJ_RDZV_HOST": "127.0.0.1",
         "RTJ_RDZV_PORT": str(port),
-        # Rank 0's stores on ports no other test takes (the ports after ft_launcher's MASTER_PORT are
-        # ephemeral ones, which the control planes' connections of the other test lane keep busy).
-        "RTJ_TRAINER_STORE_PORT": str(reserve_port_pair()),
+        **store_ports(),
         "RTJ_NNODES": "2",
         "RTJ_NPROC_PER_NODE": str(nproc),
         "RTJ_JOB_UID": f"test-{port}",

@@ -76,10 +76,12 @@ STORE_PORT: Final = "RTJ_STORE_PORT"
 MEMORY_INTERVAL_STEPS: Final = "RTJ_MEMORY_INTERVAL_STEPS"
 # Set by rtj-launch for each rank in supervisor mode: the number of active ranks of the world.
 ACTIVE_WORLD_SIZE: Final = "RTJ_ACTIVE_WORLD_SIZE"
-# Not rendered: where rank 0 of rtj-train hosts its process groups' store (and in-process restart's
-# store on the port after it) outside supervisor mode; unset, the two ports after MASTER_PORT. For
-# ranks that share a host's ports with other programs (tests on loopback), where those may be taken.
-TRAINER_STORE_PORT: Final = "RTJ_TRAINER_STORE_PORT"
+# Not rendered: where rtj-train's ranks find in-process restart's store and the process groups' store
+# (it outlives the in-process iterations). Set by rtj-launch in supervisor mode (the store pod's);
+# unset (0), rank 0 hosts them on the two ports after MASTER_PORT. Set by hand where the ranks share a
+# host's ports with other programs (tests on loopback), which may take those.
+WRAPPER_STORE_PORT: Final = "RTJ_WRAPPER_STORE_PORT"
+GROUPS_STORE_PORT: Final = "RTJ_GROUPS_STORE_PORT"
 
 # Every name of the contract, for the test that compares them with the operator's renderer.
 CONTRACT_NAMES: Final = (
@@ -211,8 +213,9 @@ class JobSettings:
     slots: int = 1
     store_host: str = ""
     store_port: int = 29500
-    # 0: the two ports after MASTER_PORT (TRAINER_STORE_PORT above).
-    trainer_store_port: int = 0
+    # 0: on rank 0, after MASTER_PORT (WRAPPER_STORE_PORT above).
+    wrapper_store_port: int = 0
+    groups_store_port: int = 0
     memory_interval_steps: int = 1
     # Empty: no pattern (steps are reported by the library, or not at all).
     step_log_pattern: str = ""
@@ -295,7 +298,8 @@ class JobSettings:
             slots=_int(environ, SLOTS, nnodes_max),
             store_host=environ.get(STORE_HOST, d.store_host),
             store_port=_int(environ, STORE_PORT, d.store_port),
-            trainer_store_port=_int(environ, TRAINER_STORE_PORT, d.trainer_store_port),
+            wrapper_store_port=_int(environ, WRAPPER_STORE_PORT, d.wrapper_store_port),
+            groups_store_port=_int(environ, GROUPS_STORE_PORT, d.groups_store_port),
             memory_interval_steps=_int(environ, MEMORY_INTERVAL_STEPS, d.memory_interval_steps),
             step_log_pattern=environ.get(STEP_LOG_PATTERN, d.step_log_pattern),
             ft_config=environ.get(FT_CONFIG, d.ft_config),
@@ -304,11 +308,12 @@ class JobSettings:
         )
         if not 0 <= env.progress_port <= 65535:
             raise EnvError(f"{PROGRESS_PORT}={env.progress_port} must be a port number (0: none)")
-        if not 0 <= env.trainer_store_port <= 65534:
-            raise EnvError(
-                f"{TRAINER_STORE_PORT}={env.trainer_store_port} must be a port number below 65535"
-                " (0: the ports after MASTER_PORT)"
-            )
+        for name, port in (
+            (WRAPPER_STORE_PORT, env.wrapper_store_port),
+            (GROUPS_STORE_PORT, env.groups_store_port),
+        ):
+            if not 0 <= port <= 65535:
+                raise EnvError(f"{name}={port} must be a port number (0: on rank 0, after MASTER_PORT)")
         if env.checkpoint_interval_steps < 1 or env.checkpoint_keep < 1:
             raise EnvError(f"{CHECKPOINT_INTERVAL_STEPS} and {CHECKPOINT_KEEP} must be >= 1")
         if env.supervised and not env.store_host:

@@ -12,9 +12,9 @@ A drain (the pod's SIGTERM, ``rtj_trainer.install_drain_handler``) ends the step
 a checkpoint of it on every rank and exits. Everything resilient goes through the library's public
 API (``rtj_trainer.__all__``, docs/library.md), as a user's script does.
 
-Ports (``StorePorts``): rank 0 hosts the process groups' store on MASTER_PORT+1 and the wrapper's
-store on MASTER_PORT+2, or on RTJ_TRAINER_STORE_PORT and the port after it where that is set; in
-supervisor mode the store pod serves the wrapper's store on MASTER_PORT and the groups' after it.
+Ports (``StorePorts``): rank 0 hosts the wrapper's store on MASTER_PORT+1 and the process groups'
+store on MASTER_PORT+2, unless RTJ_WRAPPER_STORE_PORT and RTJ_GROUPS_STORE_PORT say where they are
+(in supervisor mode rtj-launch sets them to the store pod's).
 """
 
 from __future__ import annotations
@@ -55,20 +55,20 @@ log = logging.getLogger("rtj_trainer")
 
 @dataclasses.dataclass(frozen=True)
 class StorePorts:
-    """Where the process groups' store (it outlives in-process iterations) and in-process restart's
-    store listen."""
+    """Where in-process restart's store and the process groups' store (it outlives the in-process
+    iterations) listen: where the job's settings say (the store pod's, in supervisor mode), else on
+    rank 0, on the two ports after MASTER_PORT (a port ft_launcher found free; nothing checked the
+    two after it, which matters only where the ranks share a host's ports with other programs)."""
 
-    groups: int
     wrapper: int
+    groups: int
 
     @classmethod
     def of(cls, master_port: int, env: rtj_trainer.JobSettings) -> StorePorts:
-        if env.supervised:  # the store pod's two ports
-            return cls(groups=master_port + 1, wrapper=master_port)
-        # Rank 0's: ft_launcher's MASTER_PORT is a port it found free; nothing checked the next two,
-        # which is why a host whose ports other programs share names its own.
-        groups = env.trainer_store_port or master_port + 1
-        return cls(groups=groups, wrapper=groups + 1)
+        return cls(
+            wrapper=env.wrapper_store_port or master_port + 1,
+            groups=env.groups_store_port or master_port + 2,
+        )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

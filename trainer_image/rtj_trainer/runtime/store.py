@@ -29,12 +29,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
+# The wrapper's store on the given port, the process groups' on the next one; the ranks find them
+# and share keys there through rtj_trainer.library.world.
+from rtj_trainer.library.world import PG_STORE_OFFSET, WRAPPER_STORE_OFFSET
+
 log = logging.getLogger("rtj_trainer.runtime.store")
 
-# The wrapper's store on the given port, the process groups' on the next one (rtj_trainer.reference.train).
-# The keys the ranks and the supervisor share in the process groups' store are in rtj_trainer.library.world.
-WRAPPER_STORE_OFFSET: Final = 0
-PG_STORE_OFFSET: Final = 1
 # The stores served from --port: Supervisor's world needs both, ft_launcher's rendezvous one.
 WORLD_STORES: Final = (WRAPPER_STORE_OFFSET, PG_STORE_OFFSET)
 RENDEZVOUS_STORES: Final = (WRAPPER_STORE_OFFSET,)

@@ -32,9 +32,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from rtj_trainer.library import drain
-from rtj_trainer.library.env import ACTIVE_WORLD_SIZE, TrainerEnv
-from rtj_trainer.library.world import WORLD_BROKEN_EXIT_CODE, WORLD_FINISHED_KEY, WORLD_FORMED_KEY
-from rtj_trainer.runtime.store import PG_STORE_OFFSET
+from rtj_trainer.library.env import ACTIVE_WORLD_SIZE, GROUPS_STORE_PORT, WRAPPER_STORE_PORT, TrainerEnv
+from rtj_trainer.library.world import (
+    PG_STORE_OFFSET,
+    WORLD_BROKEN_EXIT_CODE,
+    WORLD_FINISHED_KEY,
+    WORLD_FORMED_KEY,
+    WRAPPER_STORE_OFFSET,
+)
 
 log = logging.getLogger("rtj_trainer.runtime.supervisor")
 
@@ -57,6 +62,9 @@ def rank_environments(env: TrainerEnv, base: dict[str, str], store_address: str)
                 "GROUP_RANK": str(env.slot),
                 "MASTER_ADDR": store_address,
                 "MASTER_PORT": str(env.store_port),
+                # The store pod serves the world's two stores (rtj_trainer.runtime.store).
+                WRAPPER_STORE_PORT: str(env.store_port + WRAPPER_STORE_OFFSET),
+                GROUPS_STORE_PORT: str(env.store_port + PG_STORE_OFFSET),
                 ACTIVE_WORLD_SIZE: str(env.nnodes * nproc),
             }
         )
