@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 from rtj_localcluster.ports import reserve_port
+from trainer_launch_support import kill_nodes
 
 pytestmark = pytest.mark.slow
 
@@ -107,9 +107,7 @@ def run_and_watch(
                 reports.append(report)
             time.sleep(0.3)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_nodes([proc])  # ft_launcher's workers too, in sessions of their own
     return proc.returncode, reports, log_path.read_text(errors="replace")
 
 

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -140,9 +139,11 @@ def lose_node(proc: subprocess.Popen[bytes]) -> None:
 
 
 def kill_nodes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """End every "node" still running, as lose_node does: a test that stops early (a failure, a
+    timeout) leaves no ranks behind to load the tests after it."""
     for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            lose_node(proc)
         proc.wait()
 
 
