@@ -53,3 +53,39 @@ def test_losing_the_store_pods_node_restarts_the_workers_around_a_fresh_store() 
     store_node = world.pods[STORE_POD]["spec"]["nodeName"]
     assert store_node != lost and store_node not in {node_of(world, WORKER, i) for i in (0, 1)}
     assert world.status()["state"] == "Running"
+
+
+def test_a_store_that_cannot_host_the_rendezvous_fails_the_job_at_once_spending_no_budget() -> None:
+    # rtj-store on an NVRx release whose rendezvous it cannot host (0.5, 0.6: the barrier rendezvous
+    # without NVRx's control node) says so in its termination message: no fresh store would do better.
+    world = store_world()
+    detail = "rtj-store: NVRx 0.6.0 has a barrier rendezvous but no control node: use rendezvous.host Worker0"
+    terminated = {"exitCode": 78, "reason": "Error", "message": f"FaultReason: StartupFailed\n{detail}\n"}
+    status = {
+        "phase": "Failed",
+        "containerStatuses": [{"name": "store", "state": {"terminated": terminated}}],
+    }
+    world.pods[STORE_POD]["status"] = status
+    world.reconcile()
+    failed = world.condition(events.COND_FAILED)
+    assert (failed["status"], failed["reason"]) == ("True", events.STARTUP_FAILED)
+    assert (
+        failed["message"]
+        == f"the store pod (pod {STORE_POD}) cannot serve the job's stores as configured: {detail}"
+    )
+    job = world.status()
+    assert job["state"] == "Failed" and job.get("budget", {}).get("failuresUsed", 0) == 0
+    assert events.GANG_RESTART not in world.reasons()
+
+
+def test_a_store_pod_that_fails_otherwise_still_restarts_the_gang() -> None:
+    world = store_world()
+    terminated = {"exitCode": 1, "reason": "Error", "message": "Traceback ...\nOSError: out of memory\n"}
+    status = {
+        "phase": "Failed",
+        "containerStatuses": [{"name": "store", "state": {"terminated": terminated}}],
+    }
+    world.pods[STORE_POD]["status"] = status
+    world.reconcile()
+    assert events.STORE_LOST in world.reasons() and events.GANG_RESTART in world.reasons()
+    assert world.status()["state"] != "Failed"

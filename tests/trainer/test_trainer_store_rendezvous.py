@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rtj_trainer.library import checkpoint
+from rtj_operator import events
+from rtj_operator.observe import container_fault
+from rtj_trainer.library import checkpoint, env, nvrx_compat
 from rtj_trainer.runtime import store
 from trainer_launch_support import BIN, kill_nodes, launch_env, lose_node, read_progress, start_node
 
@@ -184,3 +186,21 @@ def test_rtj_store_runs_nvrx_control_only_where_the_rendezvous_needs_it() -> Non
         29500, run_id="u", nnodes=4, nnodes_max=6, version=(0, 7, 0), python="py"
     )
     assert standby is not None and "--nnodes=4:6" in standby
+
+
+def test_rtj_store_that_cannot_host_the_rendezvous_tells_the_operator_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A barrier release without NVRx's control node (0.5, 0.6): the pod ends with the verdict the
+    # operator fails the job on, naming the way out, instead of a bare exit the gang restarts after.
+    monkeypatch.setattr(nvrx_compat, "nvrx_version", lambda: (0, 6, 0))
+    monkeypatch.setattr(store.importlib.util, "find_spec", lambda name, package=None: None)
+    message = tmp_path / "termination-log"
+    monkeypatch.setenv(env.TERMINATION_MESSAGE_PATH, str(message))
+    code = store.main(["--port", "29500", "--rendezvous-id", "u", "--nnodes", "2"])
+    terminated = {"exitCode": code, "reason": "Error", "message": message.read_text()}
+    assert container_fault({"name": "store", "state": {"terminated": terminated}}) == (
+        78,
+        events.STARTUP_FAILED,
+    )
+    assert "rendezvous.host Worker0" in terminated["message"]

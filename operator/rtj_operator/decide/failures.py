@@ -228,8 +228,10 @@ def rule_matches(rule: FailureRule, cls: FaultClass, pod: PodState | None) -> bo
 def judge(run: PassState, loss: Loss) -> Verdict:
     cls = fault_class(loss)
     if loss.role == STORE:
-        # The rules judge workers' faults; without its stores no worker can go on.
-        return Verdict(loss, cls, FailureAction.RESTART_JOB, None)
+        # The rules judge workers' faults; without its stores no worker can go on, and a store that
+        # said it cannot serve as configured (rtj-store's StartupFailed) comes up no better next time.
+        gave_up = cls == FaultClass.PROCESS_FAILURE and startup.launcher_gave_up(loss.pod)
+        return Verdict(loss, cls, FailureAction.FAIL_JOB if gave_up else FailureAction.RESTART_JOB, None)
     for number, rule in enumerate(run.job.model.spec.failure_policy.rules):
         if rule_matches(rule, cls, loss.pod):
             return Verdict(loss, cls, rule.action, number)
@@ -462,7 +464,11 @@ def _fail_fatal(run: PassState, verdict: Verdict) -> None:
         )
         return
     if verdict.rule is None:
-        _fail(run, events.STARTUP_FAILED, startup.launcher_message(loss.index, loss.pod, loss.message))
+        _fail(
+            run,
+            events.STARTUP_FAILED,
+            startup.launcher_message(loss.role, loss.index, loss.pod, loss.message),
+        )
         return
     message = (
         f"rule {verdict.rule} of failurePolicy.rules (FailJob) matched a {verdict.fault_class}: "

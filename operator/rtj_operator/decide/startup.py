@@ -7,7 +7,9 @@ and each restart spends the budget and a restart's time for nothing. Two signs f
 - rtj-launch's verdict (`launcher_gave_up`): a worker container whose termination message carries the
   line `FaultReason: StartupFailed`, which rtj-launch writes when two generations of its ranks failed
   the same way before any step. `failures.judge` makes it a FailJob verdict after the user's
-  failurePolicy rules, so a rule that matches it first wins.
+  failurePolicy rules, so a rule that matches it first wins. The store pod's rtj-store writes the
+  same line when it cannot serve as configured (an NVRx release whose rendezvous it cannot host):
+  that fails the job too, where any other loss of the store pod restarts the gang.
 - Without that verdict (an image of one's own, an older rtj-launch): the same worker failing with the
   same exit code and message (numbers aside: a log tail's times and process ids differ on every try)
   on `STARTUP_FAILURES_TO_FAIL` consecutive pods before any step (`record_start_failure`), counted per
@@ -27,7 +29,7 @@ from __future__ import annotations
 import re
 
 from rtj_operator import events
-from rtj_operator.decide.state import WORKER, PassState
+from rtj_operator.decide.state import STORE, WORKER, PassState
 from rtj_operator.observe import MAX_TERMINATION_MESSAGE_CHARS, PodState
 from rtj_operator.progress import parse_time
 
@@ -42,10 +44,13 @@ def launcher_gave_up(pod: PodState | None) -> bool:
     return pod is not None and pod.fault_reason == events.STARTUP_FAILED
 
 
-def launcher_message(index: int, pod: PodState | None, fallback: str) -> str:
-    """The Failed condition's message for rtj-launch's verdict: the worker and what failed."""
+def launcher_message(role: str, index: int, pod: PodState | None, fallback: str) -> str:
+    """The Failed condition's message for the verdict of rtj-launch (a worker) or rtj-store (the store
+    pod): the pod and what failed."""
     detail = (pod.fault_detail if pod is not None else "") or fallback
     name = f" (pod {pod.name})" if pod is not None else ""
+    if role == STORE:
+        return f"the store pod{name} cannot serve the job's stores as configured: {detail}"
     return f"worker {index}{name} cannot start its training command: {detail}"
 
 

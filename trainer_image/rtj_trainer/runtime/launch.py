@@ -583,8 +583,7 @@ def configuration_error(err: EnvError) -> int:
     """A contract variable rtj-launch cannot use: nothing starts, and the operator learns why from
     the termination message (the same reason as a command that cannot start)."""
     log.error("%s", err)
-    drain.write_termination_message(f"FaultReason: {launcher_view.STARTUP_FAILED_REASON}\nrtj-launch: {err}")
-    return launcher_view.STARTUP_FAILURE_EXIT_CODE
+    return launcher_view.cannot_start(f"rtj-launch: {err}")
 
 
 def run_launcher(

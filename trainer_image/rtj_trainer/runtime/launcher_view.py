@@ -28,7 +28,7 @@ import signal
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final
 
-from rtj_trainer.library import failed_step
+from rtj_trainer.library import drain, failed_step
 from rtj_trainer.library.progress import MAX_EVENTS, SCHEMA_VERSION, rfc3339
 
 # EX_CONFIG: the training command cannot start as configured (a wrong script path, a missing module).
@@ -60,6 +60,14 @@ SOURCE_LOG_PATTERN: Final = "LogPattern"
 SOURCE_NOT_REPORTED: Final = "NotReported"
 SOURCE_LAUNCHER: Final = "Launcher"
 IN_JOB_RESTART: Final = "InJobRestart"
+
+
+def cannot_start(message: str) -> int:
+    """End a pod whose program cannot start as configured: the termination message tells the operator
+    (``FaultReason: StartupFailed``, then ``message``), which fails the job at once instead of
+    restarting it until its budget is spent. Returns the pod's exit status."""
+    drain.write_termination_message(f"FaultReason: {STARTUP_FAILED_REASON}\n{message}")
+    return STARTUP_FAILURE_EXIT_CODE
 
 
 @dataclasses.dataclass(frozen=True)

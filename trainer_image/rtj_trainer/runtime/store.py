@@ -32,6 +32,7 @@ from typing import Any, Final
 # The wrapper's store on the given port, the process groups' on the next one; the ranks find them
 # and share keys there through rtj_trainer.library.world.
 from rtj_trainer.library.world import PG_STORE_OFFSET, WRAPPER_STORE_OFFSET
+from rtj_trainer.runtime import launcher_view
 
 log = logging.getLogger("rtj_trainer.runtime.store")
 
@@ -133,6 +134,13 @@ def _control_node_command(args: argparse.Namespace) -> list[str] | None:
     )
 
 
+def _cannot_start(message: str) -> int:
+    """The store pod cannot serve as configured: no restart would change that (the operator fails the
+    job with StartupFailed and this message)."""
+    print(message, file=sys.stderr)
+    return launcher_view.cannot_start(message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rtj-store", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -151,16 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not 1 <= args.port <= 65534:
-        print(f"rtj-store: --port {args.port} must leave room for port+1 (1-65534)", file=sys.stderr)
-        return 2
+        return _cannot_start(f"rtj-store: --port {args.port} must leave room for port+1 (1-65534)")
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
         command = _control_node_command(args)
     except RendezvousHostError as err:
-        print(f"rtj-store: {err}", file=sys.stderr)
-        return 2
+        return _cannot_start(f"rtj-store: {err}")
     if command is not None:
         return run_control_node(command, stop)
     servers = serve(args.port, offsets=RENDEZVOUS_STORES if args.rendezvous_id else WORLD_STORES)
