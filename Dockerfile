@@ -12,13 +12,14 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-# setuptools discovers packages in all four source folders (pyproject.toml), so all are copied;
+# setuptools discovers packages in all five source folders (pyproject.toml), so all are copied;
 # the runtime stage installs none of their optional dependencies.
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY trainer_image/rtj_trainer ./trainer_image/rtj_trainer
 COPY localcluster ./localcluster
 COPY demo ./demo
+COPY contract ./contract
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from rtj_contract.times import epoch_seconds
 
 from rtj_demo.report import (
     INTENDED_LAYER,
@@ -55,13 +56,7 @@ def parse_time(value: Any) -> float | None:
         return None
     if isinstance(value, int | float):
         return float(value)
-    text = str(value).strip()
-    if text.endswith("Z"):
-        text = text[:-1] + "+00:00"
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
+    return epoch_seconds(str(value))
 
 
 @dataclass

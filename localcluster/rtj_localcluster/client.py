@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from rtj_contract.times import parse_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +58,7 @@ def now_micro() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+parse_time = parse_rfc3339
 
 
 def path_for(

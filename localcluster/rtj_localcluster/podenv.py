@@ -89,7 +89,7 @@ def resource_field_value(
     ref: Mapping[str, Any], container: Mapping[str, Any], node_allocatable: Mapping[str, str]
 ) -> str:
     """``resourceFieldRef``: the container's limit (or the node's allocatable) / request, in the divisor."""
-    from .quantity import parse_quantity
+    from rtj_contract.quantity import parse_quantity
 
     resource = str(ref.get("resource", ""))
     kind, _, name = resource.partition(".")

@@ -19,12 +19,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TypeVar
 
 import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from rtj_contract.times import epoch_seconds
 
 from rtj_operator import events
 from rtj_operator.api import JobState
@@ -165,13 +165,7 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _epoch(value: object) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+_epoch = epoch_seconds
 
 
 # (name, help, JobSeries field) of each per-job gauge.

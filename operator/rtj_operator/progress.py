@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from rtj_contract.times import parse_rfc3339
+
 from rtj_operator.api.status import RestartsSource, StepSource
 
 PROGRESS_VERSION = 1
@@ -35,15 +37,9 @@ PROGRESS_VERSION = 1
 MAX_LIBRARY_VERSION_CHARS = 64
 
 
-def parse_time(text: object) -> datetime | None:
-    """An RFC 3339 timestamp as an aware datetime, or None when absent or malformed."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+# An RFC 3339 timestamp as an aware datetime, or None when absent or malformed (the operator's
+# modules know it by this name).
+parse_time = parse_rfc3339
 
 
 def format_time(moment: datetime) -> str:

@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
 from chart_support import HADOLINT, REPO
@@ -140,13 +141,34 @@ def test_build_context_keeps_secrets_and_environments_out() -> None:
     first_pattern = next(line for line in ignore if line and not line.startswith("#"))
     assert first_pattern == "*"
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "operator", "trainer_image", "localcluster", "demo"}
+    assert allowed == {
+        "pyproject.toml",
+        "README.md",
+        "operator",
+        "trainer_image",
+        "localcluster",
+        "demo",
+        "contract",
+    }
     # Everything the Dockerfiles COPY from the context is allowed in.
     for dockerfile in DOCKERFILES.values():
         for keyword, args in instructions(dockerfile.read_text()):
             if keyword == "COPY" and not args.startswith("--from"):
                 for source in args.split()[:-1]:
                     assert source.split("/")[0] in allowed, source
+
+
+@pytest.mark.parametrize("image", list(DOCKERFILES))
+def test_each_images_wheel_is_built_from_every_source_folder(image: str) -> None:
+    # setuptools finds the packages in pyproject's folders; one a Dockerfile leaves out is missing from
+    # that image's wheel, and the first import of it fails in the pod, not in the build.
+    folders = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    copied = {
+        args.split()[0].split("/")[0]
+        for keyword, args in instructions(DOCKERFILES[image].read_text())
+        if keyword == "COPY" and not args.startswith("--from")
+    }
+    assert set(folders["where"]) <= copied
 
 
 def _runtime_closure(distribution: str) -> set[str]:

@@ -15,12 +15,13 @@ job back (runtime.handlers). Pure.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+
+from rtj_contract.quantity import parse_quantity
 
 from rtj_operator import constants, events, render
 from rtj_operator.decide.actions import CreateObject
@@ -28,39 +29,16 @@ from rtj_operator.decide.state import PassState
 from rtj_operator.observe import NodeState, Toleration
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-_SUFFIXES = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
-_QUANTITY = re.compile(r"([+-]?[0-9.]+)([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?")
 
 
 def quantity(value: object) -> Fraction | None:
     """A Kubernetes quantity string (or number) as an exact number; None when it is not one."""
-    text = str(value).strip()
-    match = _QUANTITY.fullmatch(text)
-    if match is None:
+    if isinstance(value, bool):
         return None
-    number, exponent, suffix = match.groups()
     try:
-        result = Fraction(number) * _SUFFIXES[suffix or ""]
+        return parse_quantity(value if isinstance(value, int | float) else str(value))
     except ValueError:
         return None
-    return result * Fraction(10) ** int(exponent[1:]) if exponent else result
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ says so once.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import logging
 import os
 import re
@@ -29,6 +28,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, NoReturn, SupportsFloat
+
+from rtj_contract.times import epoch_seconds
 
 from rtj_trainer.library import drain as drain_mod
 from rtj_trainer.library import env as env_mod
@@ -608,13 +609,7 @@ def _resumed_progress(
     return p
 
 
-def _epoch(value: object) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+_epoch = epoch_seconds
 
 
 def _world_size() -> int:

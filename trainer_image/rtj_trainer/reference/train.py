@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
+from rtj_contract.times import epoch_seconds
 
 import rtj_trainer
 from rtj_trainer.reference import replica
@@ -132,15 +133,6 @@ def ensure_rank_env() -> None:
         {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
         | ({} if "MASTER_PORT" in os.environ else {"MASTER_PORT": str(_port_before_two_free())})
     )
-
-
-def _parse_time(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclasses.dataclass
@@ -300,7 +292,7 @@ class Trainer:
         self, prior: dict[str, Any], events: list[dict[str, Any]], now: float
     ) -> PendingRecovery:
         """This process replaces one that died: when did that happen and how far had it got?"""
-        last_report = _parse_time(prior.get("time")) or now
+        last_report = epoch_seconds(prior.get("time")) or now
         since = max([float(e.get("recoveredEpoch", 0.0)) for e in events] + [0.0])
         fired = self.faults.fired_since(since)
         if fired:

@@ -2,9 +2,9 @@
 
 A job whose ``spec.runtimeImage`` is set runs a user's own image that holds Python, torch and NVRx
 but not this package. The operator renders an init container from the runtime image that runs this:
-it copies the ``rtj_trainer`` package (pure Python: the runtime, the library, the rest) and the one
-package the runtime needs beyond the standard library, ``prometheus_client`` (pure Python, the
-trainer's metrics), to ``<dir>/lib`` and writes one entry script per command to ``<dir>`` (``rtj-launch.py``,
+it copies the ``rtj_trainer`` package (pure Python: the runtime, the library, the rest) and the
+packages the runtime needs beyond the standard library, ``rtj_contract`` (what the operator and the
+trainer read alike) and ``prometheus_client`` (pure Python, the trainer's metrics), to ``<dir>/lib`` and writes one entry script per command to ``<dir>`` (``rtj-launch.py``,
 ``rtj-store.py``). The worker then runs ``python3 <dir>/rtj-launch.py -- <command...>`` with the
 image's own interpreter: the script puts ``<dir>/lib`` first on ``sys.path`` and on ``PYTHONPATH``
 (so the rank shim and a script that imports the library find it too) and calls the command's
@@ -28,7 +28,7 @@ log = logging.getLogger("rtj_trainer.runtime.install")
 INSTALL_RUNTIME: Final = "--install-runtime"
 LIB_DIR: Final = "lib"
 # What is copied: this package, and the packages the runtime imports beyond the standard library.
-DEPENDENCIES: Final = ("prometheus_client",)
+DEPENDENCIES: Final = ("rtj_contract", "prometheus_client")
 # Each command's entry script in the runtime directory -> the module whose main() it runs.
 ENTRY_SCRIPTS: Final = {
     "rtj-launch.py": "rtj_trainer.runtime.launch",

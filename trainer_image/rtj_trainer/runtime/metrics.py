@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from datetime import datetime
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
+from rtj_contract.times import epoch_seconds
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
@@ -68,13 +68,7 @@ LAYERS: Final = (("inProcess", "in_process"), ("inJob", "in_job"))
 LABELS: Final = {"rtj_trainer_restarts_total": ("layer",)}
 
 
-def _epoch(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+_epoch = epoch_seconds
 
 
 def _number(value: object) -> float | None:

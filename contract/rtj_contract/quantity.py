@@ -1,7 +1,8 @@
 """Kubernetes resource quantities ("500m", "2Ti", "1e3") as exact fractions.
 
-Used by the scheduler's fit check (requests against allocatable) and by the node profiles. Exact
-fractions keep "1500m" + "500m" == "2" true without float rounding.
+Read by the operator's capacity check (a worker's requests against the nodes' allocatable) and by
+the local cluster's pods (``resourceFieldRef``). Exact fractions keep "1500m" + "500m" == "2" true
+without float rounding.
 """
 
 from __future__ import annotations
@@ -33,17 +34,13 @@ def parse_quantity(value: str | int | float) -> Fraction:
     if not match:
         raise ValueError(f"invalid quantity {value!r}")
     number, exponent, suffix = match.groups()
-    base = Fraction(number)
+    try:
+        base = Fraction(number)
+    except ValueError:
+        raise ValueError(f"invalid quantity {value!r}") from None
     if exponent:
         return base * Fraction(10) ** int(exponent[1:])
     suffix = suffix or ""
     if suffix in _BINARY:
         return base * _BINARY[suffix]
     return base * _DECIMAL[suffix]
-
-
-def format_quantity(value: Fraction) -> str:
-    """A compact rendering for messages (not a canonical Kubernetes serialisation)."""
-    if value.denominator == 1:
-        return str(value.numerator)
-    return f"{int(value * 1000)}m"

@@ -1,0 +1,7 @@
+"""What the operator, the trainer and the local cluster read alike, written once: timestamps
+(``times``) and Kubernetes resource quantities (``quantity``).
+
+Standard library only, and nothing of the project's other packages: the operator's image and the
+trainer's (and a user's image, through the pod runtime) each carry it. Its own folder (``contract/``),
+like the other parts of the project; a test holds it to both rules.
+"""

@@ -1,0 +1,77 @@
+"""The shared contract (`contract/rtj_contract`): what it reads, and its two rules: the standard
+library only, and nothing of the project's other packages (each image carries it on its own)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from datetime import UTC, datetime
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from rtj_contract.quantity import parse_quantity
+from rtj_contract.times import epoch_seconds, parse_rfc3339
+from rtj_localcluster.testing import parse_module
+
+CONTRACT = Path(__file__).resolve().parents[2] / "contract" / "rtj_contract"
+
+
+def _top_level_imports(module: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(CONTRACT.glob("*.py")), ids=lambda p: p.name)
+def test_the_contract_imports_the_standard_library_only(path: Path) -> None:
+    imported = _top_level_imports(parse_module(path)) - {"__future__"}
+    assert imported <= sys.stdlib_module_names, sorted(imported - sys.stdlib_module_names)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-12-05T02:00:00Z", datetime(2026, 12, 5, 2, tzinfo=UTC)),
+        # Kubernetes' MicroTime, the trainer's reports (microseconds), a nanosecond fraction, an offset.
+        ("2026-12-05T02:00:00.250000Z", datetime(2026, 12, 5, 2, 0, 0, 250000, tzinfo=UTC)),
+        ("2026-12-05T02:00:00.123456789Z", datetime(2026, 12, 5, 2, 0, 0, 123456, tzinfo=UTC)),
+        ("2026-12-05T03:00:00+01:00", datetime(2026, 12, 5, 2, tzinfo=UTC)),
+        # No offset: UTC, whatever the machine's time zone.
+        ("2026-12-05T02:00:00", datetime(2026, 12, 5, 2, tzinfo=UTC)),
+    ],
+)
+def test_timestamps_are_read_as_aware_utc_times(text: str, expected: datetime) -> None:
+    parsed = parse_rfc3339(text)
+    assert parsed == expected and parsed is not None and parsed.tzinfo is not None
+    assert epoch_seconds(text) == expected.timestamp()
+
+
+@pytest.mark.parametrize("value", [None, "", "  ", "yesterday", "2026-13-01T00:00:00Z", 1796436000, b"2026"])
+def test_what_is_not_a_timestamp_reads_as_none(value: object) -> None:
+    assert parse_rfc3339(value) is None and epoch_seconds(value) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("500m", Fraction(1, 2)),
+        ("2Ti", Fraction(2 * 2**40)),
+        ("1e3", Fraction(1000)),
+        ("1.5Gi", Fraction(3 * 2**29)),
+        (" 8 ", Fraction(8)),
+        (32, Fraction(32)),
+    ],
+)
+def test_quantities_are_exact(text: str | int, expected: Fraction) -> None:
+    assert parse_quantity(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "8 GPUs", "1e3Ki", "Gi", "1.2.3"])
+def test_a_malformed_quantity_is_refused_by_name(text: str) -> None:
+    with pytest.raises(ValueError, match="quantity"):
+        parse_quantity(text)
