@@ -3,6 +3,7 @@ pruning, the progress JSON, and the environment contract as the operator renders
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -284,7 +285,7 @@ def test_a_single_rank_gets_a_master_port_with_its_two_store_ports_free(
     held.bind(("127.0.0.1", 0))
     taken = held.getsockname()[1]
     # The first free port the kernel offers has its next port taken: it is passed over.
-    offered = iter([taken - 1, taken - 1, 0])
+    offered = itertools.chain([taken - 1, taken - 1], itertools.repeat(0))
     real_free_port = train._free_port
     monkeypatch.setattr(train, "_free_port", lambda: next(offered) or real_free_port())
     try:
