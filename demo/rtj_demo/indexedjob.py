@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rtj_contract import env as env_names
 from rtj_operator import constants, names
 from rtj_operator.api import parse_job
 from rtj_operator.render import NODE_LOSS_TAINTS, render_base, render_worker_pod
@@ -116,11 +117,11 @@ def _hand_rolled_env(env: Iterable[Mapping[str, Any]], job: str, namespace: str)
     """The rendered contract with the Job controller's identity: rank = completion index, the
     rendezvous at index 0's hostname, the rendezvous id = the Job's uid."""
     replaced: dict[str, dict[str, Any]] = {
-        constants.ENV_NODE_RANK: {
+        env_names.NODE_RANK: {
             "valueFrom": _downward(f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']")
         },
-        constants.ENV_RDZV_HOST: {"value": rendezvous_host(job, namespace)},
-        constants.ENV_JOB_UID: {"valueFrom": _downward(f"metadata.labels['{CONTROLLER_UID_LABEL}']")},
+        env_names.RDZV_HOST: {"value": rendezvous_host(job, namespace)},
+        env_names.JOB_UID: {"valueFrom": _downward(f"metadata.labels['{CONTROLLER_UID_LABEL}']")},
     }
     out: list[dict[str, Any]] = []
     for var in env:

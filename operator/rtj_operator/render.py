@@ -5,8 +5,9 @@ YAML bytes), so the operator can re-render at any time and compare. :func:`rende
 (docs/architecture.md, "What the renderer produces"); the operator's decisions
 (:mod:`rtj_operator.decide`) call :func:`render_base`, :func:`render_worker_pod` (a replacement
 included, with its annotations) and :func:`render_spare_pod` and send what they return as it is.
-Names come from :mod:`rtj_operator.names`, sizing from :mod:`rtj_operator.profiles`, label,
-annotation and environment names from :mod:`rtj_operator.constants`.
+Names come from :mod:`rtj_operator.names`, sizing from :mod:`rtj_operator.profiles`, label and
+annotation names from :mod:`rtj_operator.constants`, the environment's from :mod:`rtj_contract.env`
+(the trainer reads the same names).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from rtj_contract import env as env_names
 
 from rtj_operator import constants, names
 from rtj_operator.api import (
@@ -184,44 +186,47 @@ def _job_uid(job: ResilientTrainingJob, uid: str | None) -> str:
 
 def _supervisor_env(job: ResilientTrainingJob, role: str, index: int) -> list[tuple[str, str]]:
     """The Supervisor launcher's variables: the pod's slot, the world's size, the store pod's address."""
-    spec, c = job.spec, constants
+    spec = job.spec
     return [
-        (c.ENV_LAUNCH_MODE, c.LAUNCH_MODE_SUPERVISOR),
-        (c.ENV_SLOT, str(slot(job, role, index))),
-        (c.ENV_SLOTS, str(spec.nodes + spec.hot_spares)),
-        (c.ENV_STORE_HOST, names.store_host(job.name, job.namespace)),
-        (c.ENV_STORE_PORT, str(spec.rendezvous.port)),
-        (c.ENV_MEMORY_INTERVAL_STEPS, str(spec.checkpoint.memory_interval_steps)),
+        (env_names.LAUNCH_MODE, env_names.LAUNCH_MODE_SUPERVISOR),
+        (env_names.SLOT, str(slot(job, role, index))),
+        (env_names.SLOTS, str(spec.nodes + spec.hot_spares)),
+        (env_names.STORE_HOST, names.store_host(job.name, job.namespace)),
+        (env_names.STORE_PORT, str(spec.rendezvous.port)),
+        (env_names.MEMORY_INTERVAL_STEPS, str(spec.checkpoint.memory_interval_steps)),
     ]
 
 
 def _rendezvous_env(job: ResilientTrainingJob) -> list[tuple[str, str]]:
     """Where ft_launcher's rendezvous is: worker 0's name, or the store pod's. With a store pod the
     store's address is set too, which tells rtj-launch that no worker hosts the rendezvous."""
-    c, port = constants, str(job.spec.rendezvous.port)
+    port = str(job.spec.rendezvous.port)
     if not has_store_pod(job) or is_supervisor(job):  # Supervisor's store variables: _supervisor_env
-        return [(c.ENV_RDZV_HOST, names.rendezvous_host(job.name, job.namespace)), (c.ENV_RDZV_PORT, port)]
+        return [
+            (env_names.RDZV_HOST, names.rendezvous_host(job.name, job.namespace)),
+            (env_names.RDZV_PORT, port),
+        ]
     store = names.store_host(job.name, job.namespace)
     return [
-        (c.ENV_RDZV_HOST, store),
-        (c.ENV_RDZV_PORT, port),
-        (c.ENV_STORE_HOST, store),
-        (c.ENV_STORE_PORT, port),
+        (env_names.RDZV_HOST, store),
+        (env_names.RDZV_PORT, port),
+        (env_names.STORE_HOST, store),
+        (env_names.STORE_PORT, port),
     ]
 
 
 def _optional_env(job: ResilientTrainingJob) -> list[tuple[str, str]]:
     """The variables of optional fields (constants.ENV_WHEN_SET), each only where its field is set."""
-    spec, c = job.spec, constants
+    spec = job.spec
     env: list[tuple[str, str]] = []
     if spec.progress.step_log_pattern is not None:
-        env.append((c.ENV_STEP_LOG_PATTERN, spec.progress.step_log_pattern))
+        env.append((env_names.STEP_LOG_PATTERN, spec.progress.step_log_pattern))
     ft_launcher = spec.fault_tolerance.ft_launcher
     if ft_launcher is not None and ft_launcher.config is not None:
-        env.append((c.ENV_FT_CONFIG, ft_launcher_config_yaml(ft_launcher.config)))
+        env.append((env_names.FT_CONFIG, ft_launcher_config_yaml(ft_launcher.config)))
     config_map = _ft_launcher_config_map(job)
     if config_map is not None:
-        env.append((c.ENV_FT_CONFIG_FILE, f"{FT_LAUNCHER_CONFIG_MOUNT_PATH}/{config_map.key}"))
+        env.append((env_names.FT_CONFIG_FILE, f"{FT_LAUNCHER_CONFIG_MOUNT_PATH}/{config_map.key}"))
     return env
 
 
@@ -243,44 +248,44 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int) -> list[
     ckpt = spec.checkpoint
     c = constants
     env: list[dict[str, Any]] = [
-        {"name": c.ENV_JOB_NAME, "value": job.name},
-        {"name": c.ENV_NAMESPACE, "value": job.namespace},
-        {"name": c.ENV_JOB_UID, "value": uid},
-        {"name": c.ENV_ROLE, "value": role},
-        {"name": c.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": c.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": c.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": env_names.JOB_NAME, "value": job.name},
+        {"name": env_names.NAMESPACE, "value": job.namespace},
+        {"name": env_names.JOB_UID, "value": uid},
+        {"name": env_names.ROLE, "value": role},
+        {"name": env_names.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": env_names.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": env_names.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     plain: list[tuple[str, str]] = []
     supervisor = is_supervisor(job)
     if spares_in_training(job):
         # Every pod takes part, a spare too: its node rank is its slot (under FtLauncher, the
         # infrastructure rank that orders the rendezvous' nodes, a spare's after the workers').
-        plain.append((c.ENV_NODE_RANK, str(slot(job, role, index))))
+        plain.append((env_names.NODE_RANK, str(slot(job, role, index))))
     elif role == constants.ROLE_WORKER:
-        plain.append((c.ENV_NODE_RANK, str(index)))
+        plain.append((env_names.NODE_RANK, str(index)))
     plain += [
-        (c.ENV_NNODES, str(spec.nodes)),
+        (env_names.NNODES, str(spec.nodes)),
         # Spares holding nodes stay outside the rendezvous; standby spares are in it.
-        (c.ENV_NNODES_MAX, str(nnodes_max(job))),
-        (c.ENV_NPROC_PER_NODE, str(processes_per_node(spec))),
+        (env_names.NNODES_MAX, str(nnodes_max(job))),
+        (env_names.NPROC_PER_NODE, str(processes_per_node(spec))),
         *_rendezvous_env(job),
-        (c.ENV_CHECKPOINT_DIR, names.checkpoint_dir(job.name, job.spec.checkpoint.mount_path)),
-        (c.ENV_CHECKPOINT_INTERVAL_STEPS, str(ckpt.interval_steps)),
-        (c.ENV_CHECKPOINT_KEEP, str(ckpt.keep)),
-        (c.ENV_CHECKPOINT_MODE, ckpt.mode.value),
-        (c.ENV_FT_HEARTBEAT_TIMEOUT_SECONDS, str(ft.heartbeat_timeout_seconds)),
-        (c.ENV_FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS, str(ft.initial_heartbeat_timeout_seconds)),
-        (c.ENV_FT_MONITOR_INTERVAL_SECONDS, str(ft.monitor_interval_seconds)),
-        (c.ENV_MAX_RESTARTS, str(ft.max_in_job_restarts)),
-        (c.ENV_INPROCESS_ENABLED, "true" if ip.enabled else "false"),
-        (c.ENV_INPROCESS_MAX_ITERATIONS, str(ip.max_iterations)),
-        (c.ENV_INPROCESS_SOFT_TIMEOUT_SECONDS, str(ip.soft_timeout_seconds)),
-        (c.ENV_INPROCESS_HARD_TIMEOUT_SECONDS, str(ip.hard_timeout_seconds)),
-        (c.ENV_INPROCESS_BARRIER_TIMEOUT_SECONDS, str(ip.barrier_timeout_seconds)),
-        (c.ENV_PROGRESS_SINK, PROGRESS_SINK_DEFAULT),
-        (c.ENV_PROGRESS_PORT, str(c.PROGRESS_PORT)),
-        (c.ENV_TERMINATION_MESSAGE_PATH, TERMINATION_MESSAGE_PATH),
+        (env_names.CHECKPOINT_DIR, names.checkpoint_dir(job.name, job.spec.checkpoint.mount_path)),
+        (env_names.CHECKPOINT_INTERVAL_STEPS, str(ckpt.interval_steps)),
+        (env_names.CHECKPOINT_KEEP, str(ckpt.keep)),
+        (env_names.CHECKPOINT_MODE, ckpt.mode.value),
+        (env_names.FT_HEARTBEAT_TIMEOUT_SECONDS, str(ft.heartbeat_timeout_seconds)),
+        (env_names.FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS, str(ft.initial_heartbeat_timeout_seconds)),
+        (env_names.FT_MONITOR_INTERVAL_SECONDS, str(ft.monitor_interval_seconds)),
+        (env_names.MAX_RESTARTS, str(ft.max_in_job_restarts)),
+        (env_names.INPROCESS_ENABLED, "true" if ip.enabled else "false"),
+        (env_names.INPROCESS_MAX_ITERATIONS, str(ip.max_iterations)),
+        (env_names.INPROCESS_SOFT_TIMEOUT_SECONDS, str(ip.soft_timeout_seconds)),
+        (env_names.INPROCESS_HARD_TIMEOUT_SECONDS, str(ip.hard_timeout_seconds)),
+        (env_names.INPROCESS_BARRIER_TIMEOUT_SECONDS, str(ip.barrier_timeout_seconds)),
+        (env_names.PROGRESS_SINK, PROGRESS_SINK_DEFAULT),
+        (env_names.PROGRESS_PORT, str(c.PROGRESS_PORT)),
+        (env_names.TERMINATION_MESSAGE_PATH, TERMINATION_MESSAGE_PATH),
         *_optional_env(job),
     ]
     if supervisor:
@@ -606,8 +611,8 @@ def _checkpoint_dir_init_container(job: ResilientTrainingJob) -> dict[str, Any] 
         "imagePullPolicy": spec.image_pull_policy.value,
         "command": [LAUNCH_COMMAND, PREPARE_CHECKPOINT_DIR_ARG],
         "env": [
-            {"name": constants.ENV_CHECKPOINT_DIR, "value": directory},
-            {"name": constants.ENV_CHECKPOINT_DIR_OWNER, "value": owner},
+            {"name": env_names.CHECKPOINT_DIR, "value": directory},
+            {"name": env_names.CHECKPOINT_DIR_OWNER, "value": owner},
         ],
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "128Mi"}},
         "securityContext": {
@@ -872,12 +877,12 @@ def _store_container(job: ResilientTrainingJob, uid: str) -> dict[str, Any]:
     spec, c = job.spec, constants
     port = spec.rendezvous.port
     env = [
-        {"name": c.ENV_JOB_NAME, "value": job.name},
-        {"name": c.ENV_NAMESPACE, "value": job.namespace},
-        {"name": c.ENV_JOB_UID, "value": uid},
-        {"name": c.ENV_ROLE, "value": c.ROLE_STORE},
-        {"name": c.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": c.ENV_TERMINATION_MESSAGE_PATH, "value": TERMINATION_MESSAGE_PATH},
+        {"name": env_names.JOB_NAME, "value": job.name},
+        {"name": env_names.NAMESPACE, "value": job.namespace},
+        {"name": env_names.JOB_UID, "value": uid},
+        {"name": env_names.ROLE, "value": c.ROLE_STORE},
+        {"name": env_names.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": env_names.TERMINATION_MESSAGE_PATH, "value": TERMINATION_MESSAGE_PATH},
         {"name": "HOME", "value": SCRATCH_HOME},
     ]
     return {

@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from crd_tools import REPO, crd_errors, load_example, openapi_schema
+from rtj_contract import env as env_names
 from rtj_operator import api, constants, names, render
 from rtj_operator.api.spec import LIBRARY_ONLY_NOTE
 
@@ -72,15 +73,15 @@ def test_nothing_is_rendered_for_the_optional_fields_left_unset() -> None:
 def test_the_step_log_pattern_is_rendered_as_written() -> None:
     pattern = r"^step (?P<step>\d+) loss (?P<loss>\S+)"
     for pod in pods(job(progress={"stepLogPattern": pattern})):
-        assert env_of(pod)[constants.ENV_STEP_LOG_PATTERN] == pattern
+        assert env_of(pod)[env_names.STEP_LOG_PATTERN] == pattern
 
 
 def test_an_inline_config_is_rendered_as_the_fault_tolerance_section_of_a_config_file() -> None:
     the_job = job(faultTolerance={"ftLauncher": {"config": SECTIONS}})
     for pod in pods(the_job):
-        text = env_of(pod)[constants.ENV_FT_CONFIG]
+        text = env_of(pod)[env_names.FT_CONFIG]
         assert yaml.safe_load(text) == {"fault_tolerance": SECTIONS}
-        assert constants.ENV_FT_CONFIG_FILE not in env_of(pod)
+        assert env_names.FT_CONFIG_FILE not in env_of(pod)
         assert api.FT_LAUNCHER_CONFIG_VOLUME not in {v["name"] for v in pod["spec"]["volumes"]}
     # Stable bytes whatever the order of the keys as written (the operator compares renders).
     reordered = job(faultTolerance={"ftLauncher": {"config": dict(reversed(SECTIONS.items()))}})
@@ -104,8 +105,8 @@ def test_ft_launchers_own_loader_reads_the_rendered_config(tmp_path) -> None:
 def test_a_config_map_is_mounted_read_only_and_its_file_named(config_map: dict[str, str], file: str) -> None:
     the_job = job(faultTolerance={"ftLauncher": {"configMap": config_map}})
     for pod in pods(the_job):
-        assert env_of(pod)[constants.ENV_FT_CONFIG_FILE] == f"/etc/rtj/ft-launcher/{file}"
-        assert constants.ENV_FT_CONFIG not in env_of(pod)
+        assert env_of(pod)[env_names.FT_CONFIG_FILE] == f"/etc/rtj/ft-launcher/{file}"
+        assert env_names.FT_CONFIG not in env_of(pod)
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         assert volumes["rtj-ft-launcher"] == {
             "name": "rtj-ft-launcher",
@@ -119,10 +120,10 @@ def test_a_config_map_is_mounted_read_only_and_its_file_named(config_map: dict[s
 def test_the_users_env_still_wins() -> None:
     the_job = job(
         progress={"stepLogPattern": r"step (\d+)"},
-        env=[{"name": constants.ENV_STEP_LOG_PATTERN, "value": r"it (\d+)"}],
+        env=[{"name": env_names.STEP_LOG_PATTERN, "value": r"it (\d+)"}],
     )
     env = container(render.render_worker_pod(the_job, 0))["env"]
-    assert [e["value"] for e in env if e["name"] == constants.ENV_STEP_LOG_PATTERN] == [r"it (\d+)"]
+    assert [e["value"] for e in env if e["name"] == env_names.STEP_LOG_PATTERN] == [r"it (\d+)"]
 
 
 RUNTIME_IMAGE = "registry.example/rtj-runtime:0.1.0"
@@ -353,8 +354,8 @@ def test_the_byo_nvrx_example_runs_a_script_of_ones_own() -> None:
         re.findall(r'start_section\("(\w+)"\)', script)
     )
     worker = render.render_worker_pod(the_job, 0, uid=UID)
-    rendered = yaml.safe_load(env_of(worker)[constants.ENV_FT_CONFIG])
+    rendered = yaml.safe_load(env_of(worker)[env_names.FT_CONFIG])
     assert rendered == {"fault_tolerance": ft_launcher.config}
     # The kubelet expands $(RTJ_CHECKPOINT_DIR) in the args from the container's env.
     assert "$(RTJ_CHECKPOINT_DIR)" in container(worker)["args"]
-    assert env_of(worker)[constants.ENV_CHECKPOINT_DIR] == "/checkpoints/byo-nvrx"
+    assert env_of(worker)[env_names.CHECKPOINT_DIR] == "/checkpoints/byo-nvrx"

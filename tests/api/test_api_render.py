@@ -6,8 +6,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from rtj_contract import env as env_names
 from rtj_operator import api, constants, names, profiles, render
-from rtj_trainer.library import env as trainer_env
 
 UID = "7d0c1d3e-2b8f-4a47-9b59-0b6f1d0c2e5a"
 
@@ -147,8 +147,8 @@ def test_workers_serve_progress_on_the_named_port() -> None:
     (container,) = pod["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports[names.PROGRESS_PORT_NAME] == constants.PROGRESS_PORT
-    assert env_of(pod)[constants.ENV_PROGRESS_PORT] == str(constants.PROGRESS_PORT)
-    assert env_of(pod)[constants.ENV_PROGRESS_SINK] == "endpoint"
+    assert env_of(pod)[env_names.PROGRESS_PORT] == str(constants.PROGRESS_PORT)
+    assert env_of(pod)[env_names.PROGRESS_SINK] == "endpoint"
 
 
 def test_worker_pod_on_p5() -> None:
@@ -209,14 +209,14 @@ def test_env_contract_on_workers_and_spares() -> None:
     # the Supervisor launcher's (test_api_render_supervisor) and those of optional fields left unset
     # (test_api_own_script).
     expected = (
-        set(trainer_env.CONTRACT_NAMES)
-        - {trainer_env.FAULTS}
+        set(env_names.CONTRACT_NAMES)
+        - {env_names.FAULTS}
         - set(constants.ENV_SUPERVISOR_ONLY)
         - set(constants.ENV_WHEN_SET)
     )
     assert expected <= set(worker)
     assert not set(constants.ENV_SUPERVISOR_ONLY) & (set(worker) | set(spare))
-    assert expected - {trainer_env.NODE_RANK} <= set(spare) and trainer_env.NODE_RANK not in spare
+    assert expected - {env_names.NODE_RANK} <= set(spare) and env_names.NODE_RANK not in spare
     assert worker["RTJ_NODE_RANK"] == "2" and worker["RTJ_ROLE"] == "worker" and spare["RTJ_ROLE"] == "spare"
     assert worker["RTJ_RDZV_HOST"] == "llm-worker-0.llm.ml.svc" and worker["RTJ_RDZV_PORT"] == "29500"
     assert worker["RTJ_NNODES"] == worker["RTJ_NNODES_MAX"] == "3"
@@ -331,28 +331,27 @@ def test_profiles_and_overrides() -> None:
     assert profiles.processes_per_node(job(processesPerNode=4).spec) == 4
 
 
-def test_the_operator_and_the_trainer_name_the_same_environment() -> None:
-    assert set(constants.ENV_CONTRACT) == set(trainer_env.CONTRACT_NAMES)
-    assert len(constants.ENV_CONTRACT) == len(set(constants.ENV_CONTRACT))
+def test_the_renderer_sets_every_name_of_the_contract() -> None:
+    assert len(env_names.CONTRACT_NAMES) == len(set(env_names.CONTRACT_NAMES))
     # Everything but the user's fault plan is rendered on a worker (the Supervisor launcher's names
     # under that launcher only, those of optional fields where they are set).
     optional = set(constants.ENV_WHEN_SET)
     rendered = {e["name"] for e in render.render_worker_pod(job(), 0)["spec"]["containers"][0]["env"]}
-    assert set(constants.ENV_CONTRACT) - rendered == {
-        constants.ENV_FAULTS,
+    assert set(env_names.CONTRACT_NAMES) - rendered == {
+        env_names.FAULTS,
         *constants.ENV_SUPERVISOR_ONLY,
         *optional,
     }
     supervisor = job(faultTolerance={"launcher": "Supervisor"})
     rendered = {e["name"] for e in render.render_worker_pod(supervisor, 0)["spec"]["containers"][0]["env"]}
-    assert set(constants.ENV_CONTRACT) - rendered == {constants.ENV_FAULTS, *optional}
+    assert set(env_names.CONTRACT_NAMES) - rendered == {env_names.FAULTS, *optional}
     # Each optional one where its field is set: an inline ft_launcher config, or one from a ConfigMap.
     for ft_launcher in ({"config": {"safety_factor": 4}}, {"configMap": {"name": "ft"}}):
         with_all = job(progress={"stepLogPattern": r"step (\d+)"}, faultTolerance={"ftLauncher": ft_launcher})
         rendered = {e["name"] for e in render.render_worker_pod(with_all, 0)["spec"]["containers"][0]["env"]}
-        unset = constants.ENV_FT_CONFIG_FILE if "config" in ft_launcher else constants.ENV_FT_CONFIG
-        assert set(constants.ENV_CONTRACT) - rendered == {
-            constants.ENV_FAULTS,
+        unset = env_names.FT_CONFIG_FILE if "config" in ft_launcher else env_names.FT_CONFIG
+        assert set(env_names.CONTRACT_NAMES) - rendered == {
+            env_names.FAULTS,
             *constants.ENV_SUPERVISOR_ONLY,
             unset,
         }

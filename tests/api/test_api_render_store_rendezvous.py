@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import kubernetes_validate
+from rtj_contract import env as env_names
 from rtj_operator import api, constants, render
 from test_api_render_supervisor import UID, env_of
 from test_api_render_supervisor import job as supervisor_job
@@ -28,7 +29,7 @@ def test_the_default_is_worker_zero_and_no_store_pod() -> None:
     assert plain.spec.rendezvous.host is api.RendezvousHost.WORKER0 and not render.has_store_pod(plain)
     kinds = [(c["kind"], c["metadata"]["name"]) for c in render.render(plain)]
     assert ("Pod", "llm-store") not in kinds
-    assert env_of(render.render_worker_pod(plain, 1))[constants.ENV_RDZV_HOST] == "llm-worker-0.llm.ml.svc"
+    assert env_of(render.render_worker_pod(plain, 1))[env_names.RDZV_HOST] == "llm-worker-0.llm.ml.svc"
 
 
 def test_the_store_pod_hosts_the_rendezvous_on_one_port() -> None:
@@ -51,12 +52,12 @@ def test_every_worker_dials_the_store_pod_and_ft_launchers_own_variables_stay() 
     store_host = "llm-store.llm.ml.svc"
     for index in range(3):
         env = env_of(render.render_worker_pod(the_job, index))
-        assert env[constants.ENV_RDZV_HOST] == env[constants.ENV_STORE_HOST] == store_host
-        assert env[constants.ENV_RDZV_PORT] == env[constants.ENV_STORE_PORT] == "31000"
-        assert constants.ENV_LAUNCH_MODE not in env and constants.ENV_SLOT not in env
-        assert env[constants.ENV_NODE_RANK] == str(index)
+        assert env[env_names.RDZV_HOST] == env[env_names.STORE_HOST] == store_host
+        assert env[env_names.RDZV_PORT] == env[env_names.STORE_PORT] == "31000"
+        assert env_names.LAUNCH_MODE not in env and env_names.SLOT not in env
+        assert env[env_names.NODE_RANK] == str(index)
     spare = env_of(render.render_spare_pod(the_job, 0))
-    assert spare[constants.ENV_RDZV_HOST] == store_host and constants.ENV_NODE_RANK not in spare
+    assert spare[env_names.RDZV_HOST] == store_host and env_names.NODE_RANK not in spare
 
 
 def test_the_service_names_the_store_pod_and_its_port() -> None:
@@ -87,7 +88,7 @@ def test_standby_spares_join_the_rendezvous_after_the_workers_and_the_store_coun
     assert render.spares_in_training(the_job) and render.nnodes_max(the_job) == 5
     for index in range(3):
         env = env_of(render.render_worker_pod(the_job, index))
-        assert (env[constants.ENV_NODE_RANK], env[constants.ENV_NNODES], env[constants.ENV_NNODES_MAX]) == (
+        assert (env[env_names.NODE_RANK], env[env_names.NNODES], env[env_names.NNODES_MAX]) == (
             str(index),
             "3",
             "5",
@@ -95,12 +96,12 @@ def test_standby_spares_join_the_rendezvous_after_the_workers_and_the_store_coun
     for index in range(2):
         # A spare's node rank is its infrastructure rank in the rendezvous: after the workers'.
         env = env_of(render.render_spare_pod(the_job, index))
-        assert (env[constants.ENV_ROLE], env[constants.ENV_NODE_RANK], env[constants.ENV_NNODES_MAX]) == (
+        assert (env[env_names.ROLE], env[env_names.NODE_RANK], env[env_names.NNODES_MAX]) == (
             "spare",
             str(3 + index),
             "5",
         )
-        assert constants.ENV_LAUNCH_MODE not in env  # ft_launcher's, as a worker's
+        assert env_names.LAUNCH_MODE not in env  # ft_launcher's, as a worker's
     (container,) = render.render_store_pod(the_job)["spec"]["containers"]
     assert container["command"][-4:] == ["--nnodes", "3", "--nnodes-max", "5"]
 
@@ -110,7 +111,7 @@ def test_spares_holding_nodes_stay_outside_the_rendezvous() -> None:
     assert the_job.spec.rendezvous.spares is api.SpareMode.HOLD_NODE and not render.spares_in_training(
         the_job
     )
-    assert env_of(render.render_worker_pod(the_job, 0))[constants.ENV_NNODES_MAX] == "3"
+    assert env_of(render.render_worker_pod(the_job, 0))[env_names.NNODES_MAX] == "3"
     (container,) = render.render_store_pod(the_job)["spec"]["containers"]
     assert "--nnodes-max" not in container["command"]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from rtj_contract import env as env_names
 from rtj_operator import api, constants, names, render
 
 UID = "7d0c1d3e-2b8f-4a47-9b59-0b6f1d0c2e5a"
@@ -42,21 +43,21 @@ def test_every_worker_and_spare_gets_its_slot_in_one_world() -> None:
     workers = [env_of(render.render_worker_pod(the_job, i)) for i in range(3)]
     spares = [env_of(render.render_spare_pod(the_job, k)) for k in range(2)]
     for slot, env in enumerate([*workers, *spares]):
-        assert env[constants.ENV_LAUNCH_MODE] == "supervisor"
-        assert env[constants.ENV_SLOT] == env[constants.ENV_NODE_RANK] == str(slot)
-        assert env[constants.ENV_SLOTS] == "5"
-        assert env[constants.ENV_NNODES] == "3"
-        assert env[constants.ENV_STORE_HOST] == "llm-store.llm.ml.svc"
-        assert env[constants.ENV_STORE_PORT] == str(STORE_PORT)
-        assert env[constants.ENV_MEMORY_INTERVAL_STEPS] == "5"
-        assert env[constants.ENV_INPROCESS_ENABLED] == "true"
-    assert [env[constants.ENV_ROLE] for env in [*workers, *spares]] == ["worker"] * 3 + ["spare"] * 2
+        assert env[env_names.LAUNCH_MODE] == "supervisor"
+        assert env[env_names.SLOT] == env[env_names.NODE_RANK] == str(slot)
+        assert env[env_names.SLOTS] == "5"
+        assert env[env_names.NNODES] == "3"
+        assert env[env_names.STORE_HOST] == "llm-store.llm.ml.svc"
+        assert env[env_names.STORE_PORT] == str(STORE_PORT)
+        assert env[env_names.MEMORY_INTERVAL_STEPS] == "5"
+        assert env[env_names.INPROCESS_ENABLED] == "true"
+    assert [env[env_names.ROLE] for env in [*workers, *spares]] == ["worker"] * 3 + ["spare"] * 2
 
 
 def test_the_user_env_still_wins_over_the_launcher_variables() -> None:
     the_job = job(env=[{"name": "RTJ_LAUNCH_MODE", "value": "direct"}])
     env = render.render_worker_pod(the_job, 0)["spec"]["containers"][0]["env"]
-    assert [e["value"] for e in env if e["name"] == constants.ENV_LAUNCH_MODE] == ["direct"]
+    assert [e["value"] for e in env if e["name"] == env_names.LAUNCH_MODE] == ["direct"]
 
 
 def test_a_spare_is_a_full_trainer_pod_sized_and_mounted_like_a_worker() -> None:
@@ -116,7 +117,7 @@ def test_the_store_pod_serves_both_stores_small_and_hardened() -> None:
     assert [v["name"] for v in spec["volumes"]] == [api.SCRATCH_VOLUME]
     assert "initContainers" not in spec
     env = env_of(pod)
-    assert env[constants.ENV_ROLE] == "store" and env[constants.ENV_JOB_UID] == UID
+    assert env[env_names.ROLE] == "store" and env[env_names.JOB_UID] == UID
 
 
 def test_the_store_pod_runs_anywhere_but_beside_the_jobs_workers_and_spares() -> None:

@@ -4,6 +4,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from rtj_contract import env as env_names
 from rtj_demo import bench, indexedjob, processes
 from rtj_demo.indexedjob import (
     COMPLETION_INDEX_ANNOTATION,
@@ -77,14 +78,14 @@ def test_nothing_of_the_operator_is_left_in_the_hand_rolled_job() -> None:
 
 def test_rank_rendezvous_and_id_come_from_the_job_controller() -> None:
     env = _env(_objects()[-1])
-    rank = env[constants.ENV_NODE_RANK]["valueFrom"]["fieldRef"]["fieldPath"]
+    rank = env[env_names.NODE_RANK]["valueFrom"]["fieldRef"]["fieldPath"]
     assert rank == f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
-    assert env[constants.ENV_RDZV_HOST]["value"] == "kjob-0.kjob.default.svc"
-    uid = env[constants.ENV_JOB_UID]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert env[env_names.RDZV_HOST]["value"] == "kjob-0.kjob.default.svc"
+    uid = env[env_names.JOB_UID]["valueFrom"]["fieldRef"]["fieldPath"]
     assert uid == f"metadata.labels['{CONTROLLER_UID_LABEL}']"
     # Kubernetes is the only layer: no in-process restart, no in-job restart.
-    assert env[constants.ENV_INPROCESS_ENABLED]["value"] == "false"
-    assert env[constants.ENV_MAX_RESTARTS]["value"] == "0"
+    assert env[env_names.INPROCESS_ENABLED]["value"] == "false"
+    assert env[env_names.MAX_RESTARTS]["value"] == "0"
     assert env["RTJ_FAULTS"]["value"] == "exception@step=15,rank=1"
 
 

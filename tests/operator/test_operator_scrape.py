@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from rtj_contract import env as env_names
 from rtj_operator import constants, names
 from rtj_operator.runtime.scrape import ProgressScraper, ScrapeSettings, targets
 
@@ -73,17 +74,17 @@ def pod(
 def test_only_running_reporting_pods_with_an_ip_are_read() -> None:
     reserve = pod("reserve", 9410, role="spare")  # Supervisor: a trainer pod with reserve ranks
     reserve["spec"]["containers"][0]["env"] = [
-        {"name": constants.ENV_LAUNCH_MODE, "value": constants.LAUNCH_MODE_SUPERVISOR}
+        {"name": env_names.LAUNCH_MODE, "value": env_names.LAUNCH_MODE_SUPERVISOR}
     ]
     standby = pod("standby", 9410, role="spare")  # rendezvous.spares Standby: in the rendezvous
     standby["spec"]["containers"][0]["env"] = [
-        {"name": constants.ENV_NNODES, "value": "2"},
-        {"name": constants.ENV_NNODES_MAX, "value": "3"},
+        {"name": env_names.NNODES, "value": "2"},
+        {"name": env_names.NNODES_MAX, "value": "3"},
     ]
     holding = pod("idle-spare", 9410, role="spare")  # ft_launcher's spares that only hold a node
     holding["spec"]["containers"][0]["env"] = [
-        {"name": constants.ENV_NNODES, "value": "2"},
-        {"name": constants.ENV_NNODES_MAX, "value": "2"},
+        {"name": env_names.NNODES, "value": "2"},
+        {"name": env_names.NNODES_MAX, "value": "2"},
     ]
     found = targets(
         [

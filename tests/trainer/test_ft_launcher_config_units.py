@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from rtj_contract import env as env_names
 from rtj_trainer.library import env, nvrx_compat
 from rtj_trainer.runtime import launch, rankshim
 
@@ -139,9 +140,11 @@ def test_env_reads_and_checks_the_new_variables() -> None:
     parsed = trainer_env(RTJ_STEP_LOG_PATTERN=r"step (?P<step>\d+)", RTJ_FT_CONFIG="fault_tolerance: {a: 1}")
     assert parsed.step_log_pattern == r"step (?P<step>\d+)" and parsed.ft_config.startswith("fault")
     assert trainer_env(RTJ_FT_CONFIG_FILE="/etc/rtj/ft-launcher/config.yaml").ft_config_file
-    assert {env.STEP_LOG_PATTERN, env.FT_CONFIG, env.FT_CONFIG_FILE} <= set(env.CONTRACT_NAMES)
+    assert {env_names.STEP_LOG_PATTERN, env_names.FT_CONFIG, env_names.FT_CONFIG_FILE} <= set(
+        env_names.CONTRACT_NAMES
+    )
     # The rank shim reads the pattern with its own copy of the name; rtj-launch checks it.
-    assert env.STEP_LOG_PATTERN == rankshim.STEP_LOG_PATTERN_ENV
+    assert env_names.STEP_LOG_PATTERN == rankshim.STEP_LOG_PATTERN_ENV
     launch.check_step_log_pattern(parsed.step_log_pattern)
     launch.check_step_log_pattern("")
     with pytest.raises(env.EnvError, match=r"RTJ_STEP_LOG_PATTERN.*not a Python regular expression"):

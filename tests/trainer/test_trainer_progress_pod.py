@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from rtj_contract import env as env_names
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.testing import create_namespace, wait_for
@@ -68,7 +69,7 @@ def test_progress_and_metrics_are_served_from_inside_a_pod_without_a_token(
                         "command": ["rtj-launch", "--", "python", "-c", SCRIPT],
                         "env": [
                             {"name": "RTJ_LAUNCH_MODE", "value": "direct"},
-                            {"name": constants.ENV_PROGRESS_PORT, "value": str(constants.PROGRESS_PORT)},
+                            {"name": env_names.PROGRESS_PORT, "value": str(constants.PROGRESS_PORT)},
                         ],
                         "ports": [
                             {"name": names.PROGRESS_PORT_NAME, "containerPort": constants.PROGRESS_PORT}

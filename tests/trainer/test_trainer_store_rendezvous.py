@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rtj_contract import env as env_names
 from rtj_operator import events
 from rtj_operator.observe import container_fault
-from rtj_trainer.library import checkpoint, env, nvrx_compat
+from rtj_trainer.library import checkpoint, nvrx_compat
 from rtj_trainer.runtime import store
 from trainer_launch_support import BIN, kill_nodes, launch_env, lose_node, read_progress, start_node
 
@@ -196,7 +197,7 @@ def test_rtj_store_that_cannot_host_the_rendezvous_tells_the_operator_why(
     monkeypatch.setattr(nvrx_compat, "nvrx_version", lambda: (0, 6, 0))
     monkeypatch.setattr(store.importlib.util, "find_spec", lambda name, package=None: None)
     message = tmp_path / "termination-log"
-    monkeypatch.setenv(env.TERMINATION_MESSAGE_PATH, str(message))
+    monkeypatch.setenv(env_names.TERMINATION_MESSAGE_PATH, str(message))
     code = store.main(["--port", "29500", "--rendezvous-id", "u", "--nnodes", "2"])
     terminated = {"exitCode": code, "reason": "Error", "message": message.read_text()}
     assert container_fault({"name": "store", "state": {"terminated": terminated}}) == (

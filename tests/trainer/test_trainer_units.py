@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rtj_contract import env as env_names
 from rtj_operator import api, render
 from rtj_trainer.library import checkpoint, env, progress
 from rtj_trainer.rehearsal import faults
@@ -245,7 +246,7 @@ def test_env_parses_what_the_operator_renders() -> None:
     assert parsed.job_uid == "u-1"
     assert parsed.checkpoint_interval_steps == 50
     assert parsed.checkpoint_keep == 2
-    assert parsed.checkpoint_mode == env.MODE_SYNC
+    assert parsed.checkpoint_mode == env_names.MODE_SYNC
     assert parsed.rdzv_host.startswith("llm-worker-0.llm.ml.svc")
     assert parsed.inprocess_soft_timeout_seconds < parsed.inprocess_hard_timeout_seconds
 

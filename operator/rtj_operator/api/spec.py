@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, Field, Strict
+from rtj_contract import env as env_names
 
 from rtj_operator import constants
 from rtj_operator.api.corev1 import (
@@ -583,7 +584,7 @@ class FtLauncherConfigMap(ApiModel):
         description=(
             "key is the ConfigMap's key whose value is the file: YAML with a fault_tolerance section "
             "(at the top level or nested), as ft_launcher's --ft-cfg-path reads it. It is mounted at "
-            f"{FT_LAUNCHER_CONFIG_MOUNT_PATH}/<key> ({constants.ENV_FT_CONFIG_FILE}). "
+            f"{FT_LAUNCHER_CONFIG_MOUNT_PATH}/<key> ({env_names.FT_CONFIG_FILE}). "
             "Optional; default: config.yaml."
         ),
     )
@@ -610,7 +611,7 @@ class FtLauncherSpec(ApiModel):
             "only times sections also sets heartbeatTimeoutSeconds and initialHeartbeatTimeoutSeconds to "
             "0). "
             "rtj-launch writes it to a file as `fault_tolerance: <config>` "
-            f"({constants.ENV_FT_CONFIG}) and passes it to ft_launcher; settings the image's NVRx "
+            f"({env_names.FT_CONFIG}) and passes it to ft_launcher; settings the image's NVRx "
             "release does not know are ignored. The API server keeps "
             "the map as written; the operator refuses a job (Ready=False, reason InvalidSpec) whose map "
             f"sets one of {', '.join(FT_CONFIG_KEYS_SET_ELSEWHERE)}, saying what sets it instead (the "
@@ -623,7 +624,7 @@ class FtLauncherSpec(ApiModel):
         description=(
             "configMap names a ConfigMap key holding the whole config file, mounted read-only at "
             f"{FT_LAUNCHER_CONFIG_MOUNT_PATH}/ in the worker and spare containers "
-            f"({constants.ENV_FT_CONFIG_FILE}); the operator does not read it. A file that sets "
+            f"({env_names.FT_CONFIG_FILE}); the operator does not read it. A file that sets "
             "initial_rank_heartbeat_timeout or rank_heartbeat_timeout keeps its values (rtj-launch then "
             "passes no heartbeat flag). Optional; one of config, configMap."
         ),

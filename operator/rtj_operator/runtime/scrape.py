@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from rtj_contract import env as env_names
 
 from rtj_operator import constants, metrics, names
 from rtj_operator.progress import ProgressReport, parse_report
@@ -87,10 +88,10 @@ def _spare_trains(spec: Mapping[str, Any]) -> bool:
     """Rendered for spares that take part in the training: Supervisor's reserve ranks, or standby
     nodes of ft_launcher's rendezvous (its most nodes above its active ones)."""
     env = _env_values(spec)
-    if env.get(constants.ENV_LAUNCH_MODE) == constants.LAUNCH_MODE_SUPERVISOR:
+    if env.get(env_names.LAUNCH_MODE) == env_names.LAUNCH_MODE_SUPERVISOR:
         return True
     try:
-        return int(env.get(constants.ENV_NNODES_MAX) or 0) > int(env.get(constants.ENV_NNODES) or 0)
+        return int(env.get(env_names.NNODES_MAX) or 0) > int(env.get(env_names.NNODES) or 0)
     except ValueError:
         return False
 

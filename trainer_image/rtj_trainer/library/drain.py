@@ -31,7 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
-from rtj_trainer.library import env
+from rtj_contract import env
 
 if TYPE_CHECKING:
     import torch

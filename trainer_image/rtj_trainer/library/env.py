@@ -1,11 +1,11 @@
 """The environment contract between the operator and the trainer, read in one place.
 
-The operator renders these variables on every worker and spare container (docs/architecture.md,
-"Environment contract"); ``rtj_operator.constants`` keeps the operator's copy of the names and a test
-keeps the two in step. Everything else in ``rtj_trainer`` takes a ``JobSettings`` instead of reading
-``os.environ`` itself, so tests can build one from a plain dict. ``JobSettings`` is public too
-(``rtj_trainer.JobSettings``, docs/library.md): a script of one's own reads the job's settings from it,
-as ``rtj-train`` does; the project's own modules know it by its older name, ``TrainerEnv``.
+The operator renders the variables on every worker and spare container (docs/architecture.md,
+"Environment contract"); their names live in ``rtj_contract.env``, which both sides import, with the few
+rtj-launch sets for the ranks here. Everything else in ``rtj_trainer`` takes a ``JobSettings`` instead
+of reading ``os.environ`` itself, so tests can build one from a plain dict. ``JobSettings`` is public
+too (``rtj_trainer.JobSettings``, docs/library.md): a script of one's own reads the job's settings from
+it, as ``rtj-train`` does; the project's own modules know it by its older name, ``TrainerEnv``.
 """
 
 from __future__ import annotations
@@ -14,66 +14,54 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Final
 
-JOB_NAME: Final = "RTJ_JOB_NAME"
-NAMESPACE: Final = "RTJ_NAMESPACE"
-JOB_UID: Final = "RTJ_JOB_UID"
-POD_NAME: Final = "RTJ_POD_NAME"
-NODE_NAME: Final = "RTJ_NODE_NAME"
-POD_IP: Final = "RTJ_POD_IP"
-ROLE: Final = "RTJ_ROLE"
-NODE_RANK: Final = "RTJ_NODE_RANK"
-NNODES: Final = "RTJ_NNODES"
-NNODES_MAX: Final = "RTJ_NNODES_MAX"
-NPROC_PER_NODE: Final = "RTJ_NPROC_PER_NODE"
-RDZV_HOST: Final = "RTJ_RDZV_HOST"
-RDZV_PORT: Final = "RTJ_RDZV_PORT"
-CHECKPOINT_DIR: Final = "RTJ_CHECKPOINT_DIR"
-CHECKPOINT_INTERVAL_STEPS: Final = "RTJ_CHECKPOINT_INTERVAL_STEPS"
-CHECKPOINT_KEEP: Final = "RTJ_CHECKPOINT_KEEP"
-CHECKPOINT_MODE: Final = "RTJ_CHECKPOINT_MODE"
-FT_HEARTBEAT_TIMEOUT_SECONDS: Final = "RTJ_FT_HEARTBEAT_TIMEOUT_SECONDS"
-FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS: Final = "RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS"
-FT_MONITOR_INTERVAL_SECONDS: Final = "RTJ_FT_MONITOR_INTERVAL_SECONDS"
-MAX_RESTARTS: Final = "RTJ_MAX_RESTARTS"
-INPROCESS_ENABLED: Final = "RTJ_INPROCESS_ENABLED"
-INPROCESS_MAX_ITERATIONS: Final = "RTJ_INPROCESS_MAX_ITERATIONS"
-INPROCESS_SOFT_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_SOFT_TIMEOUT_SECONDS"
-INPROCESS_HARD_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_HARD_TIMEOUT_SECONDS"
-INPROCESS_BARRIER_TIMEOUT_SECONDS: Final = "RTJ_INPROCESS_BARRIER_TIMEOUT_SECONDS"
-PROGRESS_SINK: Final = "RTJ_PROGRESS_SINK"
-PROGRESS_INTERVAL_SECONDS: Final = "RTJ_PROGRESS_INTERVAL_SECONDS"
-PROGRESS_PORT: Final = "RTJ_PROGRESS_PORT"
-# User-set (spec.env), not rendered: how long rtj-launch keeps a finished pod's endpoint up for the
-# operator to read the final report.
-PROGRESS_LINGER_SECONDS: Final = "RTJ_PROGRESS_LINGER_SECONDS"
-FAULTS: Final = "RTJ_FAULTS"
-# Rendered only when the spec sets the field they come from. spec.progress.stepLogPattern: the Python
-# regex each rank's output lines are searched for. The rank shim (rtj_trainer.runtime.rankshim) reads
-# it, with its own copy of the name (it imports nothing of rtj_trainer; a test keeps the two equal),
-# and rtj-launch checks it before anything starts (rtj_trainer.runtime.launch.check_step_log_pattern).
-STEP_LOG_PATTERN: Final = "RTJ_STEP_LOG_PATTERN"
-# spec.faultTolerance.ftLauncher.config: ft_launcher's config file as YAML text; rtj-launch writes it
-# to a file and passes ft_launcher its config-path flag.
-FT_CONFIG: Final = "RTJ_FT_CONFIG"
-# spec.faultTolerance.ftLauncher.configMap: the path of that file, mounted from a ConfigMap.
-FT_CONFIG_FILE: Final = "RTJ_FT_CONFIG_FILE"
-TERMINATION_MESSAGE_PATH: Final = "RTJ_TERMINATION_MESSAGE_PATH"
-# Only on the checkpoint-directory init container (rtj-launch --prepare-checkpoint-dir): "<uid>:<gid>".
-CHECKPOINT_DIR_OWNER: Final = "RTJ_CHECKPOINT_DIR_OWNER"
-# User-set (spec.env), not rendered: "direct" makes rtj-launch exec the command without ft_launcher.
-LAUNCH_MODE: Final = "RTJ_LAUNCH_MODE"
-LAUNCH_MODE_DIRECT: Final = "direct"
-# Rendered under faultTolerance.launcher Supervisor only (on workers and spares), with LAUNCH_MODE:
-# rtj-launch starts the pod's ranks itself in one fixed world that holds the hot spares' reserve
-# ranks, with its stores in the job's store pod (rtj_trainer.runtime.supervisor).
-LAUNCH_MODE_SUPERVISOR: Final = "supervisor"
-SLOT: Final = "RTJ_SLOT"
-SLOTS: Final = "RTJ_SLOTS"
-# The store pod's address: also rendered under ft_launcher when the store pod hosts the rendezvous
-# (rendezvous.host StorePod); then no node's launcher hosts it (rtj_trainer.runtime.launch).
-STORE_HOST: Final = "RTJ_STORE_HOST"
-STORE_PORT: Final = "RTJ_STORE_PORT"
-MEMORY_INTERVAL_STEPS: Final = "RTJ_MEMORY_INTERVAL_STEPS"
+from rtj_contract.env import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_INTERVAL_STEPS,
+    CHECKPOINT_KEEP,
+    CHECKPOINT_MODE,
+    FAULTS,
+    FT_CONFIG,
+    FT_CONFIG_FILE,
+    FT_HEARTBEAT_TIMEOUT_SECONDS,
+    FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS,
+    FT_MONITOR_INTERVAL_SECONDS,
+    INPROCESS_BARRIER_TIMEOUT_SECONDS,
+    INPROCESS_ENABLED,
+    INPROCESS_HARD_TIMEOUT_SECONDS,
+    INPROCESS_MAX_ITERATIONS,
+    INPROCESS_SOFT_TIMEOUT_SECONDS,
+    JOB_NAME,
+    JOB_UID,
+    LAUNCH_MODE,
+    LAUNCH_MODE_SUPERVISOR,
+    MAX_RESTARTS,
+    MEMORY_INTERVAL_STEPS,
+    MODE_ASYNC,
+    MODE_SYNC,
+    NAMESPACE,
+    NNODES,
+    NNODES_MAX,
+    NODE_NAME,
+    NODE_RANK,
+    NPROC_PER_NODE,
+    POD_IP,
+    POD_NAME,
+    PROGRESS_INTERVAL_SECONDS,
+    PROGRESS_LINGER_SECONDS,
+    PROGRESS_PORT,
+    PROGRESS_SINK,
+    RDZV_HOST,
+    RDZV_PORT,
+    ROLE,
+    ROLE_SPARE,
+    ROLE_WORKER,
+    SLOT,
+    SLOTS,
+    STEP_LOG_PATTERN,
+    STORE_HOST,
+    STORE_PORT,
+)
+
 # Set by rtj-launch for each rank in supervisor mode: the number of active ranks of the world.
 ACTIVE_WORLD_SIZE: Final = "RTJ_ACTIVE_WORLD_SIZE"
 # Not rendered: where rtj-train's ranks find in-process restart's store and the process groups' store
@@ -82,54 +70,6 @@ ACTIVE_WORLD_SIZE: Final = "RTJ_ACTIVE_WORLD_SIZE"
 # host's ports with other programs (tests on loopback), which may take those.
 WRAPPER_STORE_PORT: Final = "RTJ_WRAPPER_STORE_PORT"
 GROUPS_STORE_PORT: Final = "RTJ_GROUPS_STORE_PORT"
-
-# Every name of the contract, for the test that compares them with the operator's renderer.
-CONTRACT_NAMES: Final = (
-    JOB_NAME,
-    NAMESPACE,
-    JOB_UID,
-    POD_NAME,
-    NODE_NAME,
-    POD_IP,
-    ROLE,
-    NODE_RANK,
-    NNODES,
-    NNODES_MAX,
-    NPROC_PER_NODE,
-    RDZV_HOST,
-    RDZV_PORT,
-    CHECKPOINT_DIR,
-    CHECKPOINT_INTERVAL_STEPS,
-    CHECKPOINT_KEEP,
-    CHECKPOINT_MODE,
-    FT_HEARTBEAT_TIMEOUT_SECONDS,
-    FT_INITIAL_HEARTBEAT_TIMEOUT_SECONDS,
-    FT_MONITOR_INTERVAL_SECONDS,
-    MAX_RESTARTS,
-    INPROCESS_ENABLED,
-    INPROCESS_MAX_ITERATIONS,
-    INPROCESS_SOFT_TIMEOUT_SECONDS,
-    INPROCESS_HARD_TIMEOUT_SECONDS,
-    INPROCESS_BARRIER_TIMEOUT_SECONDS,
-    PROGRESS_SINK,
-    PROGRESS_PORT,
-    FAULTS,
-    STEP_LOG_PATTERN,
-    FT_CONFIG,
-    FT_CONFIG_FILE,
-    TERMINATION_MESSAGE_PATH,
-    LAUNCH_MODE,
-    SLOT,
-    SLOTS,
-    STORE_HOST,
-    STORE_PORT,
-    MEMORY_INTERVAL_STEPS,
-)
-
-ROLE_WORKER: Final = "worker"
-ROLE_SPARE: Final = "spare"
-MODE_ASYNC: Final = "Async"
-MODE_SYNC: Final = "Sync"
 
 
 class EnvError(ValueError):

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, NoReturn, SupportsFloat
 
+from rtj_contract import env as env_names
 from rtj_contract.times import epoch_seconds
 
 from rtj_trainer.library import drain as drain_mod
@@ -349,7 +350,7 @@ class Session:
         if not drain_mod.write_termination_message(text):
             log.warning(
                 "%s is not set (not in a pod): fault reason %s not written",
-                env_mod.TERMINATION_MESSAGE_PATH,
+                env_names.TERMINATION_MESSAGE_PATH,
                 reason,
             )
 
@@ -358,11 +359,11 @@ class Session:
     def _start(self, environ: Mapping[str, str]) -> None:
         self._env = env_mod.TrainerEnv.from_environ(environ)
         self._local_rank = int(environ.get("LOCAL_RANK") or 0)
-        self._checkpoint_dir = self._checkpoint_dir_arg or environ.get(env_mod.CHECKPOINT_DIR) or None
+        self._checkpoint_dir = self._checkpoint_dir_arg or environ.get(env_names.CHECKPOINT_DIR) or None
         missing = self._start_reporting(environ)
         if self._checkpoint_dir is None:
             missing.append(
-                f"checkpoints: {env_mod.CHECKPOINT_DIR} is not set and no checkpoint_dir was given "
+                f"checkpoints: {env_names.CHECKPOINT_DIR} is not set and no checkpoint_dir was given "
                 "(save() does nothing, load() starts from scratch)"
             )
         self._install_drain_handler(environ, missing)
@@ -377,7 +378,7 @@ class Session:
         if not environ.get(progress_mod.PROGRESS_FILE_ENV) and "endpoint" in self._env.progress_sink:
             return [f"progress: {progress_mod.PROGRESS_FILE_ENV} is not set (nothing is reported)"]
         if self._checkpoint_dir is None:
-            return [f"progress: {env_mod.CHECKPOINT_DIR} is not set (the report's state lives there)"]
+            return [f"progress: {env_names.CHECKPOINT_DIR} is not set (the report's state lives there)"]
         if self._local_rank != 0:
             return []
         env, now = self._env, time.time()
@@ -526,7 +527,7 @@ class Session:
             self._checkpoint_dir,
             rank=rank,
             world_size=world_size,
-            asynchronous=self._env.checkpoint_mode == env_mod.MODE_ASYNC,
+            asynchronous=self._env.checkpoint_mode == env_names.MODE_ASYNC,
             keep=self._env.checkpoint_keep,
             keepalive=self._keepalive,
         )

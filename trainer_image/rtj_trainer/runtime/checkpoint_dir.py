@@ -16,7 +16,9 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from rtj_trainer.library.env import CHECKPOINT_DIR, CHECKPOINT_DIR_OWNER, EnvError
+from rtj_contract.env import CHECKPOINT_DIR, CHECKPOINT_DIR_OWNER
+
+from rtj_trainer.library.env import EnvError
 
 log = logging.getLogger("rtj_trainer.runtime.checkpoint_dir")
 

@@ -1,14 +1,15 @@
 """``rtj-launch --install-runtime <dir>``: copy the pod runtime into a volume, for an image without it.
 
-A job whose ``spec.runtimeImage`` is set runs a user's own image that holds Python, torch and NVRx
-but not this package. The operator renders an init container from the runtime image that runs this:
-it copies the ``rtj_trainer`` package (pure Python: the runtime, the library, the rest) and the
-packages the runtime needs beyond the standard library, ``rtj_contract`` (what the operator and the
-trainer read alike) and ``prometheus_client`` (pure Python, the trainer's metrics), to ``<dir>/lib`` and writes one entry script per command to ``<dir>`` (``rtj-launch.py``,
-``rtj-store.py``). The worker then runs ``python3 <dir>/rtj-launch.py -- <command...>`` with the
-image's own interpreter: the script puts ``<dir>/lib`` first on ``sys.path`` and on ``PYTHONPATH``
-(so the rank shim and a script that imports the library find it too) and calls the command's
-``main``. Nothing is compiled or installed into the image; the volume is the pod's own.
+A job whose ``spec.runtimeImage`` is set runs a user's own image that holds Python, torch and NVRx but
+not this package. The operator renders an init container from the runtime image that runs this: it
+copies the ``rtj_trainer`` package (pure Python: the runtime, the library, the rest) and the packages
+the runtime needs beyond the standard library, ``rtj_contract`` (what the operator and the trainer read
+alike) and ``prometheus_client`` (pure Python, the trainer's metrics), to ``<dir>/lib``, and writes one
+entry script per command to ``<dir>`` (``rtj-launch.py``, ``rtj-store.py``). The worker then runs
+``python3 <dir>/rtj-launch.py -- <command...>`` with the image's own interpreter: the script puts
+``<dir>/lib`` first on ``sys.path`` and on ``PYTHONPATH`` (so the rank shim and a script that imports
+the library find it too) and calls the command's ``main``. Nothing is compiled or installed into the
+image; the volume is the pod's own.
 """
 
 from __future__ import annotations

@@ -61,8 +61,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
-from rtj_trainer.library import drain
-from rtj_trainer.library.env import (
+from rtj_contract.env import (
     FT_CONFIG,
     FT_CONFIG_FILE,
     LAUNCH_MODE,
@@ -71,9 +70,10 @@ from rtj_trainer.library.env import (
     NNODES_MAX,
     ROLE_SPARE,
     STEP_LOG_PATTERN,
-    EnvError,
-    TrainerEnv,
 )
+
+from rtj_trainer.library import drain
+from rtj_trainer.library.env import EnvError, TrainerEnv
 from rtj_trainer.library.progress import LIBRARY_VERSION, PROGRESS_FILE_ENV
 from rtj_trainer.runtime import install, launcher_view, rankshim
 from rtj_trainer.runtime.endpoint import ProgressEndpoint
