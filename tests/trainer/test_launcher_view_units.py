@@ -448,7 +448,34 @@ def write_record(directory: Path, local_rank: int, **fields: Any) -> None:
         "lastErrorLines": [],
         **fields,
     }
-    (directory / rankshim.record_name(local_rank)).write_text(json.dumps(record))
+    (directory / rankshim.record_name(local_rank, record["pid"])).write_text(json.dumps(record))
+
+
+def test_history_reads_every_generations_end_however_late_it_looks(tmp_path: Path) -> None:
+    # Two generations of local rank 0 failed the same way after step 3 before rtj-launch's first read
+    # (a loaded machine): each process has its own record, so both failures count.
+    failures: list[object] = []
+    history = launch.RankHistory(
+        tmp_path, step_pattern_set=True, on_failure=failures.append, alive=lambda pid: False
+    )
+    for pid, start in ((101, T0), (201, T0 + 10)):
+        write_record(
+            tmp_path,
+            0,
+            pid=pid,
+            startEpoch=start,
+            restartCount=pid // 100 - 1,
+            step=3,
+            stepEpoch=start + 2,
+            firstStep=1,
+            firstStepEpoch=start + 1,
+            exitCode=1,
+            endEpoch=start + 3,
+            lastErrorLines=["ValueError: bad batch"],
+        )
+    history.scan(now=T0 + 20)
+    assert sorted(r.pid for r in history.records()) == [101, 201]
+    assert [type(f).__name__ for f in failures] == ["RepeatedFailure"]
 
 
 def test_history_keeps_replaced_records_and_closes_those_of_dead_shims(tmp_path: Path) -> None:

@@ -32,7 +32,9 @@ def shim(script: str) -> list[str]:
 
 
 def record(tmp_path: Path, local_rank: int = 3) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads((tmp_path / rankshim.record_name(local_rank)).read_text())
+    (path,) = tmp_path.glob(f"{rankshim.RECORD_PREFIX}{local_rank}-*{rankshim.RECORD_SUFFIX}")
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    assert path.name == rankshim.record_name(local_rank, loaded["pid"])
     return loaded
 
 
@@ -121,7 +123,7 @@ def test_a_step_record_is_written_while_the_rank_runs(tmp_path: Path) -> None:
 
 
 def test_records_are_throttled_but_for_the_first_match_and_the_exit(tmp_path: Path) -> None:
-    path = tmp_path / rankshim.record_name(0)
+    path = tmp_path / rankshim.record_name(0, 1)
     rec = rankshim.RankRecord(path, pid=1, start_epoch=100.0, restart_count=0)
     rec.started(100.0)
     rec.step_seen(1, None, 100.1)

@@ -381,14 +381,13 @@ def _pid_alive(pid: int) -> bool:
 
 
 class RankHistory:
-    """Every rank record (``rtj_trainer.runtime.rankshim``) seen in `directory`, by (local rank, pid), across
-    ft_launcher's restarts: the shim of a new process replaces its local rank's file, so the history
-    lives here. A thread reads the directory every :data:`RANKS_POLL_SECONDS`; a record whose shim
-    is gone without its exit record (killed) is closed when that is noticed. `on_failure` is called
-    once, from that thread, when the records show a start-up failure or a repeated failure at one
-    step (`launcher_view.repeated_failure`); the time of the
-    library's newest report (the file `library_report`, given to :meth:`start`) tells a script that
-    reports through the library, not a log line, from one that never started."""
+    """Every rank record (``rtj_trainer.runtime.rankshim``) seen in `directory`, by (local rank, pid),
+    across ft_launcher's restarts (one file per process). A thread reads the directory every
+    :data:`RANKS_POLL_SECONDS`; a record whose shim is gone without its exit record (killed) is
+    closed when that is noticed. `on_failure` is called once, from that thread, when the records
+    show a start-up failure or a repeated failure at one step (`launcher_view.repeated_failure`);
+    the time of the library's newest report (the file `library_report`, given to :meth:`start`)
+    tells a script that reports through the library, not a log line, from one that never started."""
 
     def __init__(
         self,
@@ -420,9 +419,11 @@ class RankHistory:
     def _read(self) -> list[RankRecord]:
         found = []
         for path in self.directory.glob(f"{rankshim.RECORD_PREFIX}*{rankshim.RECORD_SUFFIX}"):
-            index = path.name[len(rankshim.RECORD_PREFIX) : -len(rankshim.RECORD_SUFFIX)]
+            local_rank = rankshim.record_local_rank(path.name)
+            if local_rank is None:
+                continue
             try:
-                record = launcher_view.parse_record(int(index), json.loads(path.read_text()))
+                record = launcher_view.parse_record(local_rank, json.loads(path.read_text()))
             except (OSError, ValueError):
                 continue  # replaced between the listing and the read, or not a record
             if record is not None:

@@ -79,8 +79,18 @@ def command(python: str) -> list[str]:
     return [python, "-m", MODULE, "--"]
 
 
-def record_name(local_rank: int) -> str:
-    return f"{RECORD_PREFIX}{local_rank}{RECORD_SUFFIX}"
+def record_name(local_rank: int, pid: int) -> str:
+    """One file per process: a rank's record outlives the next generation's start, so rtj-launch reads
+    every generation's end however late it looks (a loaded machine delays its reads)."""
+    return f"{RECORD_PREFIX}{local_rank}-{pid}{RECORD_SUFFIX}"
+
+
+def record_local_rank(name: str) -> int | None:
+    """The local rank of the record file `name`, or None when `name` is not one."""
+    if not (name.startswith(RECORD_PREFIX) and name.endswith(RECORD_SUFFIX)):
+        return None
+    local_rank, _, pid = name[len(RECORD_PREFIX) : -len(RECORD_SUFFIX)].partition("-")
+    return int(local_rank) if local_rank.isdigit() and pid.isdigit() else None
 
 
 def compile_step_pattern(pattern: str) -> re.Pattern[str]:
@@ -121,7 +131,7 @@ def exit_status(returncode: int) -> int:
 
 
 class RankRecord:
-    """What the shim knows about its rank, written to ``<dir>/rank-<local rank>.json``.
+    """What the shim knows about its rank, written to ``<dir>/rank-<local rank>-<pid>.json``.
 
     Fields: ``pid`` (the shim's), ``startEpoch`` (when the command started), ``restartCount``
     (``TORCHELASTIC_RESTART_COUNT``, 0 when absent), ``step``/``loss``/``stepEpoch`` (the last line
@@ -156,7 +166,7 @@ class RankRecord:
     def from_environ(cls, environ: Mapping[str, str], *, start_epoch: float) -> RankRecord:
         directory = environ.get(RANKS_DIR_ENV, "")
         local_rank = _int_or(environ.get(LOCAL_RANK_ENV), 0)
-        path = Path(directory) / record_name(local_rank) if directory else None
+        path = Path(directory) / record_name(local_rank, os.getpid()) if directory else None
         restart_count = _int_or(environ.get(RESTART_COUNT_ENV), 0)
         return cls(path, pid=os.getpid(), start_epoch=start_epoch, restart_count=restart_count)
 
