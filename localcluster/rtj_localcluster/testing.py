@@ -88,6 +88,17 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout:g}s waiting for {message} (last value: {last!r})")
 
 
+def process_ended(pid: int) -> bool:
+    """Whether process `pid` has ended (gone, or a zombie its parent has not reaped yet): a check that
+    a process ending between two questions to /proc cannot fail."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
 def wait_phase(
     api: SyncKubeClient, namespace: str, name: str, *phases: str, timeout: float = 90
 ) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import psutil
 import pytest
 from rtj_localcluster.binaries import program
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import create_namespace, kubectl, wait_for
+from rtj_localcluster.testing import create_namespace, kubectl, process_ended, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -135,7 +135,7 @@ def test_exec_background_processes_stay_and_a_lost_client_kills_the_command(
     client.kill()
     client.communicate()
     wait_for(
-        lambda: not command.is_running() or command.status() == psutil.STATUS_ZOMBIE,
+        lambda: process_ended(command.pid),
         timeout=30,
         message="the command of an exec whose client went away to end",
     )

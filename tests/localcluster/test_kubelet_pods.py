@@ -17,7 +17,7 @@ import psutil
 import pytest
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import kubectl, wait_for, wait_phase
+from rtj_localcluster.testing import kubectl, process_ended, wait_for, wait_phase
 
 pytestmark = pytest.mark.slow
 
@@ -211,7 +211,7 @@ def test_delete_sends_sigterm_then_finishes_the_delete(
 
     wait_for(lambda: {"Scheduled", "Started", "Killing"} <= reasons(), timeout=30, message="the pod's events")
     wait_for(
-        lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        lambda: process_ended(pid),
         message="exit",
     )
 
@@ -250,7 +250,7 @@ def test_killed_container_is_restarted_per_policy(
     pod = wait_for(restarted, timeout=60, message="the container to restart")
     assert pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137
     wait_for(
-        lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE,
+        lambda: process_ended(child),
         message="child killed",
     )
 

@@ -9,11 +9,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import pytest
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
-from rtj_localcluster.testing import wait_for
+from rtj_localcluster.testing import process_ended, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.local_cluster(nodes=2, node_monitor_grace_seconds=3.0)]
 GRACE = 3.0
@@ -58,11 +57,7 @@ def running_pid(api: SyncKubeClient, name: str) -> int:
     return wait_for(check, timeout=90, message=f"{name} running")
 
 
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+gone = process_ended
 
 
 def ready_status(api: SyncKubeClient, node: str) -> str | None:
