@@ -1,5 +1,7 @@
-"""What the operator, the trainer and the local cluster read alike, written once: timestamps
-(``times``) and Kubernetes resource quantities (``quantity``).
+"""What the operator, the trainer and the local cluster read alike, written once: the environment the
+operator renders for the pod runtime (``env``), how a container says why it ended (``termination``:
+exit statuses and the ``FaultReason:`` line), timestamps (``times``) and Kubernetes resource
+quantities (``quantity``).
 
 Standard library only, and nothing of the project's other packages: the operator's image and the
 trainer's (and a user's image, through the pod runtime) each carry it. Its own folder (``contract/``),

@@ -72,14 +72,6 @@ TRAINER_GID: Final = 10001
 # set under FtLauncher with rendezvous.host StorePod; ENV_WHEN_SET only when the spec sets the field
 # they come from: spec.progress.stepLogPattern, spec.faultTolerance.ftLauncher.config and .configMap).
 ENV_WHEN_SET: Final = (env_names.STEP_LOG_PATTERN, env_names.FT_CONFIG, env_names.FT_CONFIG_FILE)
-# The exit code of a trainer whose ranks left because another pod of the job is draining (the drain
-# protocol's EX_TEMPFAIL, rtj_trainer.library.drain; a test holds the two equal). ft_launcher restarts
-# such workers in-job; a pod that fails with it (under the Supervisor launcher) left for a peer's drain.
-PEER_DRAINED_EXIT_CODE: Final = 75
-# A worker container's status when its launcher stopped the training for good: NVRx 0.7's ft_launcher
-# when NVRx decided the job must not restart (its DEFAULT_NO_RESTART_EXIT_CODE), and rtj-launch after
-# the same failure at the same step twice (rtj_trainer.runtime.launcher_view, a test keeps them equal).
-NO_RESTART_EXIT_CODE: Final = 93
 # Under faultTolerance.launcher Supervisor only (docs/architecture.md, "The Supervisor launcher"), on
 # every worker and spare container: rtj-launch starts the pod's ranks itself in one fixed world whose
 # slots are the workers (0..nodes-1) and then the spares (nodes..nodes+hotSpares-1); RTJ_NODE_RANK is

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from rtj_contract import termination
+
 # Event types (core/v1 Event.type).
 NORMAL: Final = "Normal"
 WARNING: Final = "Warning"
@@ -37,11 +39,12 @@ FAILED_BY_RULE: Final = "FailedByRule"  # a failurePolicy rule with action FailJ
 # A worker's training command cannot start: rtj-launch said so (its termination message's line
 # `FaultReason: StartupFailed`, also this word), or the worker's pods failed the same way before any
 # step STARTUP_FAILURES_TO_FAIL times in a row. The job is Failed at once, spending no budget.
-STARTUP_FAILED: Final = "StartupFailed"
+STARTUP_FAILED: Final = termination.STARTUP_FAILED
 # A worker's training fails the same way after the same step on every try: rtj-launch said so (the
 # line `FaultReason: DeterministicFailure`, also this word), or NVRx's launcher exited with its
-# no-restart status (constants.NO_RESTART_EXIT_CODE). The job is Failed at once, spending no budget.
-DETERMINISTIC_FAILURE: Final = "DeterministicFailure"
+# no-restart status (rtj_contract.termination.NO_RESTART_EXIT_CODE). The job is Failed at once,
+# spending no budget.
+DETERMINISTIC_FAILURE: Final = termination.DETERMINISTIC_FAILURE
 FAULT_IGNORED: Final = (
     "FaultIgnored"  # a failurePolicy Ignore rule matched: replaced, counted against nothing
 )

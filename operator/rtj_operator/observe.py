@@ -14,11 +14,12 @@ Pure: no I/O, time passed in.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+
+from rtj_contract import termination
 
 from rtj_operator import api, constants, disruptions, names
 from rtj_operator.fsx_policy import FsxAllowList
@@ -39,8 +40,6 @@ NODE_HEALTH_TAINTS = frozenset({TAINT_NOT_READY, TAINT_UNREACHABLE})
 # A container's termination message is kept up to this many characters (the kubelet keeps 4 KiB; a
 # condition's message is read by people, and the status must stay small).
 MAX_TERMINATION_MESSAGE_CHARS = 1024
-# The line of a termination message that names the trainer's fault reason (failurePolicy.rules).
-FAULT_REASON_LINE = re.compile(r"^FaultReason: ([A-Za-z][A-Za-z0-9]*)\s*$", re.MULTILINE)
 # Waiting reasons that are steps of a normal start, not a problem worth reporting.
 NORMAL_WAITING_REASONS = frozenset({"", "ContainerCreating", "PodInitializing"})
 # The problems that leave no kubelet to end the node's pods: only theirs are force-deleted.
@@ -329,7 +328,7 @@ def container_fault(container: Mapping[str, Any]) -> tuple[int | None, str]:
         code = terminated.get("exitCode")
         if not isinstance(code, int) or code == 0:
             continue
-        found = FAULT_REASON_LINE.search(_str(terminated.get("message")))
+        found = termination.FAULT_REASON_LINE.search(_str(terminated.get("message")))
         return code, found.group(1) if found else _str(terminated.get("reason"))
     return None, ""
 
@@ -342,7 +341,7 @@ def fault_detail(container: Mapping[str, Any]) -> str:
         code = terminated.get("exitCode")
         if not isinstance(code, int) or code == 0:
             continue
-        text = FAULT_REASON_LINE.sub("", _str(terminated.get("message")))
+        text = termination.FAULT_REASON_LINE.sub("", _str(terminated.get("message")))
         return _clip(" ".join(text.split()))
     return ""
 

@@ -10,6 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from rtj_contract import termination
 from rtj_contract.quantity import parse_quantity
 from rtj_contract.times import epoch_seconds, parse_rfc3339
 from rtj_localcluster.testing import parse_module
@@ -75,3 +76,25 @@ def test_quantities_are_exact(text: str | int, expected: Fraction) -> None:
 def test_a_malformed_quantity_is_refused_by_name(text: str) -> None:
     with pytest.raises(ValueError, match="quantity"):
         parse_quantity(text)
+
+
+def test_the_no_restart_status_is_nvrx_0_7s() -> None:
+    # NVRx 0.7's launchers exit with it when NVRx decides the job must not restart; rtj-launch uses it
+    # for its own verdict so that the operator reads both alike. Read from the 0.7.0 wheel's source
+    # (make setup unpacks it into .venv/nvrx-0.7.0), without importing it over the installed 0.4.1.
+    utils = Path(sys.prefix) / "nvrx-0.7.0" / "nvidia_resiliency_ext" / "fault_tolerance" / "utils.py"
+    assignments = [
+        node
+        for node in ast.walk(parse_module(utils))
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "DEFAULT_NO_RESTART_EXIT_CODE" for t in node.targets)
+    ]
+    assert [ast.literal_eval(node.value) for node in assignments] == [termination.NO_RESTART_EXIT_CODE]
+
+
+@pytest.mark.parametrize("reason", ["StartupFailed", "DataCorruption", "X" * 64])
+def test_a_fault_message_names_its_reason_on_its_first_line(reason: str) -> None:
+    message = termination.fault_message(reason, "what went wrong\nand more")
+    assert message.splitlines()[0] == f"FaultReason: {reason}"
+    assert termination.fault_reason(message) == reason
+    assert termination.fault_reason("Traceback ...\nFaultReason: not one\n") is None

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from operator_world import SPARE, WORKER, World, _affinity_nodes, node_of, running_world
-from rtj_operator import constants, decide, disruptions, events
+from rtj_contract import termination
+from rtj_operator import decide, disruptions, events
 from rtj_operator.nodehealth import NodeHealth
-from rtj_trainer.library import drain
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
@@ -226,7 +226,7 @@ def test_a_worker_that_left_for_another_pods_drain_restarts_the_gang_as_a_disrup
     world = running_world(nodes=2, node_count=4)
     world.evict(WORKER, 1)
     world.reconcile()
-    world.set_pod(WORKER, 0, _exit(constants.PEER_DRAINED_EXIT_CODE))
+    world.set_pod(WORKER, 0, _exit(termination.PEER_DRAINED_EXIT_CODE))
     world.reconcile()
     assert events.GANG_RESTART in world.reasons() and events.WORKER_FAILED not in world.reasons()
     assert (budget(world)["disruptions"], budget(world)["failuresUsed"]) == (2, 0)
@@ -240,10 +240,6 @@ def test_any_other_exit_code_is_still_the_workers_failure() -> None:
     world.set_pod(WORKER, 0, _exit(1))
     world.reconcile()
     assert events.WORKER_FAILED in world.reasons() and budget(world)["failuresUsed"] == 1
-
-
-def test_the_peer_drained_exit_code_is_the_trainers() -> None:
-    assert constants.PEER_DRAINED_EXIT_CODE == drain.PEER_DRAINED_EXIT_CODE
 
 
 def drain_waiting(world: World) -> dict[str, str] | None:

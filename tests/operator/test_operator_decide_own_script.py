@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 from operator_world import T0, WORKER, World, running_world
-from rtj_operator import constants, events
+from rtj_operator import events
 from rtj_operator.api import ConditionStatus
 from rtj_operator.decide.conditions import set_condition, state_from_conditions
 from rtj_operator.decide.startup import STARTUP_FAILURES_TO_FAIL
 from rtj_operator.progress import format_time, parse_report, parse_time
-from rtj_trainer.runtime import launcher_view
 
 STALL = 60
 OWN_SCRIPT: dict[str, Any] = {
@@ -339,11 +338,6 @@ def test_a_rule_that_matches_the_deterministic_verdict_first_keeps_restarting(ru
     assert condition(world, events.COND_FAILED) is None
     assert world.condition(events.COND_RECOVERING)["status"] == "True"
     assert world.status()["budget"]["failuresUsed"] == 1
-
-
-def test_the_no_restart_exit_code_is_the_trainers_and_nvrxs() -> None:
-    assert constants.NO_RESTART_EXIT_CODE == launcher_view.NO_RESTART_EXIT_CODE
-    assert events.DETERMINISTIC_FAILURE == launcher_view.DETERMINISTIC_FAILURE_REASON
 
 
 def fail_and_restart(world: World, message: str, code: int = 1) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rtj_contract import termination
 from rtj_localcluster.ports import reserve_port
 from rtj_trainer.library import failed_step, progress
 from rtj_trainer.runtime import endpoint, launch, launcher_view, rankshim
@@ -259,7 +260,7 @@ def test_two_generations_failing_alike_after_the_same_step_are_a_repeated_failur
     failure = launcher_view.repeated_failure(records, step_pattern_set=False)
     assert failure is not None and (failure.exit_code, failure.step) == (1, 57)
     assert failure.error_line == "ValueError: bad batch 0x7f9c"  # the newest try's, numbers aside
-    assert failure.pod_exit_code == launcher_view.NO_RESTART_EXIT_CODE == 93
+    assert failure.pod_exit_code == termination.NO_RESTART_EXIT_CODE == 93
     assert failure.message == (
         "FaultReason: DeterministicFailure\n"
         "the training failed the same way after step 57 on 2 tries in a row: "

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from rtj_contract.termination import STARTUP_FAILED, STARTUP_FAILURE_EXIT_CODE
 from rtj_trainer.runtime import install
-from rtj_trainer.runtime.launcher_view import STARTUP_FAILED_REASON, STARTUP_FAILURE_EXIT_CODE
 
 # A module placed in the copied lib: it starts a child interpreter and prints where that child found
 # the package, as the rank shim and a user's script importing the library would.
@@ -78,7 +78,7 @@ def test_an_interpreter_older_than_the_runtime_needs_is_a_startup_failure(tmp_pa
     run = f"{older}; exec({code}, {{'__file__': {str(script)!r}}})"
     result = run_bare("-c", run, cwd=tmp_path)
     assert result.returncode == STARTUP_FAILURE_EXIT_CODE
-    assert result.stderr.startswith(f"FaultReason: {STARTUP_FAILED_REASON}\n")
+    assert result.stderr.startswith(f"FaultReason: {STARTUP_FAILED}\n")
     assert f"python3 is 3.{install.MIN_PYTHON[1] - 1}" in result.stderr
 
 

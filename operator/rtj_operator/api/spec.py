@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, Field, Strict
 from rtj_contract import env as env_names
+from rtj_contract import termination
 
 from rtj_operator import constants
 from rtj_operator.api.corev1 import (
@@ -798,7 +799,15 @@ class ExitCodeOperator(enum.StrEnum):
 
 
 # A fault or disruption reason: one CamelCase word, as Kubernetes condition and event reasons are.
-FaultReason = Annotated[str, Strict(), Field(min_length=1, max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9]*$")]
+FaultReason = Annotated[
+    str,
+    Strict(),
+    Field(
+        min_length=1,
+        max_length=termination.FAULT_REASON_MAX_CHARS,
+        pattern=rf"^{termination.FAULT_REASON_NAME}$",
+    ),
+]
 ExitCode = Annotated[Int32, Field(ge=1, le=255)]
 MAX_FAILURE_RULES: int = 16
 MAX_BUDGET_RESTARTS: int = 100

@@ -41,6 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from rtj_contract import termination
+
 from rtj_operator import constants, disruptions, events
 from rtj_operator.api import EntryState, ExitCodeOperator, FailureAction, FailureRule, FaultClass
 from rtj_operator.decide import repeated, startup
@@ -177,7 +179,7 @@ def _node_blamed(run: PassState, pod: PodState, cause: str) -> NodeProblem | Non
 def left_for_a_peers_drain(pod: PodState | None) -> bool:
     """A pod that failed because another pod of the job is draining (`PEER_DRAINED_EXIT_CODE`): the
     drain's consequence, a disruption, though only a gang restart brings its world back."""
-    return pod is not None and pod.phase == "Failed" and pod.exit_code == constants.PEER_DRAINED_EXIT_CODE
+    return pod is not None and pod.phase == "Failed" and pod.exit_code == termination.PEER_DRAINED_EXIT_CODE
 
 
 @dataclass(frozen=True)

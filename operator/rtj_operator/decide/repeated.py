@@ -7,7 +7,7 @@ restart's time for nothing, so two signs fail the job at once (`Failed`, reason
   `FaultReason: DeterministicFailure`, which rtj-launch writes when two generations of its ranks in a
   row failed with the same exit code and error after the same step
   (`rtj_trainer.runtime.launcher_view.repeated_failure`);
-- NVRx's own: a worker container that exited `constants.NO_RESTART_EXIT_CODE` (93), what NVRx 0.7's
+- NVRx's own: a worker container that exited `termination.NO_RESTART_EXIT_CODE` (93), what NVRx 0.7's
   ft_launcher reports when it decided the job must not be restarted, and the status rtj-launch gives
   its own verdict.
 
@@ -20,7 +20,9 @@ Pure.
 
 from __future__ import annotations
 
-from rtj_operator import constants, events
+from rtj_contract import termination
+
+from rtj_operator import events
 from rtj_operator.observe import PodState
 
 
@@ -28,7 +30,9 @@ def launcher_stopped(pod: PodState | None) -> bool:
     """Whether the pod's launcher stopped the training for a failure that recurs at one step."""
     if pod is None:
         return False
-    return pod.fault_reason == events.DETERMINISTIC_FAILURE or pod.exit_code == constants.NO_RESTART_EXIT_CODE
+    return (
+        pod.fault_reason == events.DETERMINISTIC_FAILURE or pod.exit_code == termination.NO_RESTART_EXIT_CODE
+    )
 
 
 def launcher_message(index: int, pod: PodState | None, fallback: str) -> str:

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
-from rtj_contract import env
+from rtj_contract import env, termination
 
 if TYPE_CHECKING:
     import torch
@@ -46,9 +46,8 @@ TERMINATION_MESSAGE_PATH_ENV: Final = env.TERMINATION_MESSAGE_PATH
 DRAINED_REASON: Final = "Drained"
 # 128 + SIGTERM: what a process killed by SIGTERM reports, for a rank that saved and left.
 DRAINED_EXIT_CODE: Final = 143
-# A rank whose own pod is not draining but another's is: a failure to ft_launcher, which restarts
-# the node's workers into the next rendezvous (EX_TEMPFAIL).
-PEER_DRAINED_EXIT_CODE: Final = 75
+# A rank whose own pod is not draining but another's is (EX_TEMPFAIL: a failure to ft_launcher).
+PEER_DRAINED_EXIT_CODE: Final = termination.PEER_DRAINED_EXIT_CODE
 STEP_SUFFIX: Final = ".step"
 
 

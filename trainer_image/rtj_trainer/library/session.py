@@ -30,6 +30,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, NoReturn, SupportsFloat
 
 from rtj_contract import env as env_names
+from rtj_contract import termination
 from rtj_contract.times import epoch_seconds
 
 from rtj_trainer.library import drain as drain_mod
@@ -44,9 +45,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rtj_trainer.session")
 
-# The operator's pattern for a fault reason (rtj_operator.api.spec.FaultReason, observe.FAULT_REASON_LINE).
-FAULT_REASON_PATTERN: Final = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,63}$")
-FAULT_REASON_PREFIX: Final = "FaultReason: "
+# A fault reason as the operator reads it (rtj_contract.termination; onFaultReasons' pattern).
+FAULT_REASON_PATTERN: Final = re.compile(
+    rf"^(?=.{{1,{termination.FAULT_REASON_MAX_CHARS}}}$){termination.FAULT_REASON_NAME}$"
+)
 # Kubernetes keeps at most 4096 bytes of a termination message.
 MAX_FAULT_MESSAGE_CHARS: Final = 1024
 # The key that marks a tensor leaf in the saved state's skeleton (the non-tensor part of a state dict).
@@ -342,10 +344,8 @@ class Session:
                 f"fault reason {reason!r}: one word of letters and digits, starting with a letter, "
                 "at most 64 characters (e.g. DataCorruption)"
             )
-        text = FAULT_REASON_PREFIX + reason
         detail = " ".join(message.split())[:MAX_FAULT_MESSAGE_CHARS]
-        if detail:
-            text += "\n" + detail
+        text = termination.fault_message(reason, detail).rstrip("\n")
         log.error("fault: %s%s", reason, f": {detail}" if detail else "")
         if not drain_mod.write_termination_message(text):
             log.warning(

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Final
 
-from rtj_trainer.runtime.launcher_view import STARTUP_FAILED_REASON, STARTUP_FAILURE_EXIT_CODE
+from rtj_contract.termination import STARTUP_FAILED, STARTUP_FAILURE_EXIT_CODE
 
 log = logging.getLogger("rtj_trainer.runtime.install")
 
@@ -77,7 +77,7 @@ def entry_script(name: str, module: str) -> str:
         min_python=MIN_PYTHON,
         min_text=".".join(map(str, MIN_PYTHON)),
         exit_code=STARTUP_FAILURE_EXIT_CODE,
-        reason=STARTUP_FAILED_REASON,
+        reason=STARTUP_FAILED,
     )
 
 

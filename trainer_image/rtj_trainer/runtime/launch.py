@@ -15,11 +15,11 @@ endpoint serves the library's report merged with the launcher view derived from 
 (``rtj_trainer.runtime.launcher_view``): restarts, recoveries, and the step when the job declares a log-line
 pattern (``RTJ_STEP_LOG_PATTERN``), for a script that does not use the library too. When two
 generations of ranks in a row fail the same way before their first step (a wrong script path),
-``rtj-launch`` stops ft_launcher and exits with ``launcher_view.STARTUP_FAILURE_EXIT_CODE`` and a
+``rtj-launch`` stops ft_launcher and exits with ``rtj_contract.termination.STARTUP_FAILURE_EXIT_CODE`` and a
 ``FaultReason: StartupFailed`` termination message, instead of restarting it until the budget is
 spent; when two generations in a row fail the same way after the same step (the library's note on
 the exception says which, ``rtj_trainer.library.failed_step``, else the step pattern), it does the
-same with ``launcher_view.NO_RESTART_EXIT_CODE`` and ``FaultReason: DeterministicFailure``.
+same with ``NO_RESTART_EXIT_CODE`` and ``FaultReason: DeterministicFailure``.
 ft_launcher's own settings come from ``RTJ_FT_CONFIG`` (YAML text, written to a file) or
 ``RTJ_FT_CONFIG_FILE`` (a mounted file), passed with its config-path flag; the flags built here
 override the file's values.

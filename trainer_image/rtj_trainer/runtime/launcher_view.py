@@ -7,11 +7,11 @@ with the functions here, what a training script of the user's own does not repor
 * :func:`launcher_view`: ranks running, in-job restarts (one per generation of rank processes after
   the first) with a recovery event each, and the step and loss the log-line pattern matched;
 * :func:`startup_failure`: two generations in a row that failed the same way before their first
-  step, which ``rtj-launch`` turns into exit :data:`STARTUP_FAILURE_EXIT_CODE` and a termination
+  step, which ``rtj-launch`` turns into exit ``termination.STARTUP_FAILURE_EXIT_CODE`` and a termination
   message the operator fails the job on at once;
 * :func:`repeated_failure`: two generations in a row that failed the same way after the same step
   (a deterministic failure: a bug that raises at that step, a corrupt sample), which ``rtj-launch``
-  turns into exit :data:`NO_RESTART_EXIT_CODE` and a termination message the operator fails the job
+  turns into exit ``termination.NO_RESTART_EXIT_CODE`` and a termination message the operator fails the job
   on at once (``DeterministicFailure``);
 * :func:`merge`: the report ``GET /progress`` serves (docs/architecture.md, "Progress contract"):
   the library's report (``rtj_trainer.library.progress``) wins for every field it has; the launcher view
@@ -28,12 +28,11 @@ import signal
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final
 
+from rtj_contract import termination
+
 from rtj_trainer.library import drain, failed_step
 from rtj_trainer.library.progress import MAX_EVENTS, SCHEMA_VERSION, rfc3339
 
-# EX_CONFIG: the training command cannot start as configured (a wrong script path, a missing module).
-STARTUP_FAILURE_EXIT_CODE: Final = 78
-STARTUP_FAILED_REASON: Final = "StartupFailed"
 # Generations in a row that must fail the same way before their first step.
 STARTUP_FAILURE_TRIES: Final = 2
 # Without a step pattern nothing tells a start from training: only a failure this soon after its
@@ -43,11 +42,6 @@ STARTUP_WINDOW_SECONDS: Final = 120.0
 # rank, another node or a node joining caused. No failure of the command's own to start.
 STOPPED_EXIT_CODE: Final = 128 + signal.SIGTERM
 
-# A failure that recurs at the same step: restarting cannot get past it. NVRx 0.7's launchers exit
-# with 93 (its DEFAULT_NO_RESTART_EXIT_CODE) when NVRx decides the job must not restart; rtj-launch
-# uses the same status for its own verdict, so the operator reads either the same way.
-DETERMINISTIC_FAILURE_REASON: Final = "DeterministicFailure"
-NO_RESTART_EXIT_CODE: Final = 93
 # Generations in a row that must fail the same way after the same step.
 DETERMINISTIC_FAILURE_TRIES: Final = 2
 # A rank's status when it left for a drain (its own pod's: 143, a peer's: 75): never its failure.
@@ -66,8 +60,8 @@ def cannot_start(message: str) -> int:
     """End a pod whose program cannot start as configured: the termination message tells the operator
     (``FaultReason: StartupFailed``, then ``message``), which fails the job at once instead of
     restarting it until its budget is spent. Returns the pod's exit status."""
-    drain.write_termination_message(f"FaultReason: {STARTUP_FAILED_REASON}\n{message}")
-    return STARTUP_FAILURE_EXIT_CODE
+    drain.write_termination_message(termination.fault_message(termination.STARTUP_FAILED, message))
+    return termination.STARTUP_FAILURE_EXIT_CODE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,15 +273,15 @@ class StartupFailure:
     exit_code: int
     last_error_line: str
     # What rtj-launch exits with on this verdict.
-    pod_exit_code: ClassVar[int] = STARTUP_FAILURE_EXIT_CODE
+    pod_exit_code: ClassVar[int] = termination.STARTUP_FAILURE_EXIT_CODE
 
     @property
     def message(self) -> str:
         """The container's termination message (the operator reads its first line)."""
-        return (
-            f"FaultReason: {STARTUP_FAILED_REASON}\n"
+        return termination.fault_message(
+            termination.STARTUP_FAILED,
             f"the training command failed the same way on {STARTUP_FAILURE_TRIES} tries before its "
-            f"first step: exit {self.exit_code}: {self.last_error_line or '(nothing on stderr)'}"
+            f"first step: exit {self.exit_code}: {self.last_error_line or '(nothing on stderr)'}",
         )
 
 
@@ -342,15 +336,15 @@ class RepeatedFailure:
     step: int
     error_line: str
     # What rtj-launch exits with on this verdict.
-    pod_exit_code: ClassVar[int] = NO_RESTART_EXIT_CODE
+    pod_exit_code: ClassVar[int] = termination.NO_RESTART_EXIT_CODE
 
     @property
     def message(self) -> str:
         """The container's termination message (the operator reads its first line)."""
-        return (
-            f"FaultReason: {DETERMINISTIC_FAILURE_REASON}\n"
+        return termination.fault_message(
+            termination.DETERMINISTIC_FAILURE,
             f"the training failed the same way after step {self.step} on {DETERMINISTIC_FAILURE_TRIES} "
-            f"tries in a row: exit {self.exit_code}: {self.error_line or '(nothing on stderr)'}"
+            f"tries in a row: exit {self.exit_code}: {self.error_line or '(nothing on stderr)'}",
         )
 
     def same_as(self, other: RepeatedFailure) -> bool:
