@@ -1,5 +1,6 @@
 """What the operator, the trainer and the local cluster read alike, written once: the environment the
-operator renders for the pod runtime (``env``), how a container says why it ended (``termination``:
+operator renders for the pod runtime (``env``), where a pod serves its progress and the report's
+version (``progress``), how a container says why it ended (``termination``:
 exit statuses and the ``FaultReason:`` line), timestamps (``times``) and Kubernetes resource
 quantities (``quantity``).
 

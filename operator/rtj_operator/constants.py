@@ -39,10 +39,6 @@ ANNOTATION_REPLACES: Final = f"{GROUP}/replaces"  # on a replacement pod: the no
 ANNOTATION_RESTART_COUNT: Final = f"{GROUP}/restart-count"
 FINALIZER: Final = f"{GROUP}/finalizer"
 
-# The port of each worker pod's progress endpoint (rtj-launch serves GET /progress and /metrics on it;
-# the operator reads progress there). Rendered as the container port `progress` and RTJ_PROGRESS_PORT.
-PROGRESS_PORT: Final = 9410
-PROGRESS_PATH: Final = "/progress"
 
 # Taint the operator puts on a node it excluded, when the job opts into cluster-wide tainting.
 TAINT_EXCLUDED: Final = f"{GROUP}/excluded"

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from rtj_contract import progress as progress_contract
 from rtj_contract.times import parse_rfc3339
 
 from rtj_operator.api.status import RestartsSource, StepSource
 
-PROGRESS_VERSION = 1
 # A version string of the library is kept this short (status.progress.library).
 MAX_LIBRARY_VERSION_CHARS = 64
 
@@ -203,7 +203,8 @@ def parse_report(text: str | None) -> ProgressReport | None:
         raw = json.loads(text)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(raw, dict) or raw.get("v", PROGRESS_VERSION) != PROGRESS_VERSION:
+    version = progress_contract.SCHEMA_VERSION
+    if not isinstance(raw, dict) or raw.get("v", version) != version:
         return None
     checkpoint = raw.get("lastCheckpoint")
     checkpoint = checkpoint if isinstance(checkpoint, dict) else {}

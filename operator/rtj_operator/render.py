@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 from rtj_contract import env as env_names
+from rtj_contract import progress as progress_contract
 
 from rtj_operator import constants, names
 from rtj_operator.api import (
@@ -246,7 +247,6 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int) -> list[
     ft = spec.fault_tolerance
     ip = ft.in_process
     ckpt = spec.checkpoint
-    c = constants
     env: list[dict[str, Any]] = [
         {"name": env_names.JOB_NAME, "value": job.name},
         {"name": env_names.NAMESPACE, "value": job.namespace},
@@ -284,7 +284,7 @@ def _env(job: ResilientTrainingJob, uid: str, *, role: str, index: int) -> list[
         (env_names.INPROCESS_HARD_TIMEOUT_SECONDS, str(ip.hard_timeout_seconds)),
         (env_names.INPROCESS_BARRIER_TIMEOUT_SECONDS, str(ip.barrier_timeout_seconds)),
         (env_names.PROGRESS_SINK, PROGRESS_SINK_DEFAULT),
-        (env_names.PROGRESS_PORT, str(c.PROGRESS_PORT)),
+        (env_names.PROGRESS_PORT, str(progress_contract.PORT)),
         (env_names.TERMINATION_MESSAGE_PATH, TERMINATION_MESSAGE_PATH),
         *_optional_env(job),
     ]
@@ -734,7 +734,7 @@ def _container(job: ResilientTrainingJob, uid: str, role: str, index: int) -> di
     container["env"] = _env(job, uid, role=role, index=index)
     container["ports"] = [
         {"name": names.RENDEZVOUS_PORT_NAME, "containerPort": spec.rendezvous.port, "protocol": "TCP"},
-        {"name": names.PROGRESS_PORT_NAME, "containerPort": constants.PROGRESS_PORT, "protocol": "TCP"},
+        {"name": names.PROGRESS_PORT_NAME, "containerPort": progress_contract.PORT, "protocol": "TCP"},
     ]
     container["resources"] = _resources(job)
     container["securityContext"] = _container_security_context(job)

@@ -7,6 +7,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from rtj_contract import env as env_names
+from rtj_contract import progress as progress_contract
 from rtj_operator import api, constants, names, profiles, render
 
 UID = "7d0c1d3e-2b8f-4a47-9b59-0b6f1d0c2e5a"
@@ -146,8 +147,8 @@ def test_workers_serve_progress_on_the_named_port() -> None:
     pod = render.render_worker_pod(job(), 0)
     (container,) = pod["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports[names.PROGRESS_PORT_NAME] == constants.PROGRESS_PORT
-    assert env_of(pod)[env_names.PROGRESS_PORT] == str(constants.PROGRESS_PORT)
+    assert ports[names.PROGRESS_PORT_NAME] == progress_contract.PORT
+    assert env_of(pod)[env_names.PROGRESS_PORT] == str(progress_contract.PORT)
     assert env_of(pod)[env_names.PROGRESS_SINK] == "endpoint"
 
 

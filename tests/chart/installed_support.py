@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from rtj_contract import progress as progress_contract
 from rtj_localcluster.testing import kubectl
-from rtj_operator import constants
 
 RELEASE = "rtj"
 
@@ -41,7 +41,9 @@ def trainer_step(kubeconfig: Path, namespace: str, pod_name: str) -> float | Non
     if not ip:
         return None
     try:
-        with urllib.request.urlopen(f"http://{ip}:{constants.PROGRESS_PORT}/metrics", timeout=5) as answer:
+        with urllib.request.urlopen(
+            f"http://{ip}:{progress_contract.PORT}{progress_contract.METRICS_PATH}", timeout=5
+        ) as answer:
             text = answer.read().decode()
     except OSError:
         return None

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rtj_contract import env as env_names
+from rtj_contract import progress as progress_contract
 from rtj_localcluster.client import SyncKubeClient, path_for
 from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.testing import create_namespace, wait_for
-from rtj_operator import constants, names
+from rtj_operator import names
 
 pytestmark = pytest.mark.slow
 
@@ -69,10 +70,10 @@ def test_progress_and_metrics_are_served_from_inside_a_pod_without_a_token(
                         "command": ["rtj-launch", "--", "python", "-c", SCRIPT],
                         "env": [
                             {"name": "RTJ_LAUNCH_MODE", "value": "direct"},
-                            {"name": env_names.PROGRESS_PORT, "value": str(constants.PROGRESS_PORT)},
+                            {"name": env_names.PROGRESS_PORT, "value": str(progress_contract.PORT)},
                         ],
                         "ports": [
-                            {"name": names.PROGRESS_PORT_NAME, "containerPort": constants.PROGRESS_PORT}
+                            {"name": names.PROGRESS_PORT_NAME, "containerPort": progress_contract.PORT}
                         ],
                     }
                 ],
@@ -90,8 +91,8 @@ def test_progress_and_metrics_are_served_from_inside_a_pod_without_a_token(
             return str(status["podIP"]) if status.get("phase") == "Running" and status.get("podIP") else None
 
         ip = wait_for(running_ip, timeout=180, message="the pod to run")
-        base = f"http://{ip}:{constants.PROGRESS_PORT}"
-        report = json.loads(wait_for(lambda: fetch(base + constants.PROGRESS_PATH), timeout=120))
+        base = f"http://{ip}:{progress_contract.PORT}"
+        report = json.loads(wait_for(lambda: fetch(base + progress_contract.PATH), timeout=120))
         assert report["step"] == 42 and report["restarts"] == {"inProcess": 1, "inJob": 0}
         assert report["trainStartTime"] == "2023-11-14T22:13:20.000000Z"
         text = fetch(base + "/metrics")

@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 from rtj_contract import env as env_names
+from rtj_contract import progress as progress_contract
 
 from rtj_operator import constants, metrics, names
 from rtj_operator.progress import ProgressReport, parse_report
@@ -72,7 +73,7 @@ def _progress_port(spec: Mapping[str, Any]) -> int:
             number = port.get("containerPort")
             if port.get("name") == names.PROGRESS_PORT_NAME and isinstance(number, int):
                 return number
-    return constants.PROGRESS_PORT
+    return progress_contract.PORT
 
 
 def _env_values(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,7 +119,7 @@ def targets(pods: Iterable[Mapping[str, Any]]) -> list[Target]:
         if metadata.get("deletionTimestamp") or not isinstance(ip, str) or not ip or not isinstance(uid, str):
             continue
         host = f"[{ip}]" if ":" in ip else ip
-        found.append(Target(uid=uid, url=f"http://{host}:{_progress_port(spec)}{constants.PROGRESS_PATH}"))
+        found.append(Target(uid=uid, url=f"http://{host}:{_progress_port(spec)}{progress_contract.PATH}"))
     return found
 
 

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Final
 
+from rtj_contract import progress as progress_contract
 from rtj_contract.env import (
     CHECKPOINT_DIR,
     CHECKPOINT_INTERVAL_STEPS,
@@ -145,7 +146,7 @@ class JobSettings:
     progress_sink: str = "endpoint"
     progress_interval_seconds: float = 5.0
     # The pod's progress endpoint (rtj_trainer.runtime.endpoint); 0 serves none.
-    progress_port: int = 9410
+    progress_port: int = progress_contract.PORT
     progress_linger_seconds: float = 15.0
     faults: str = ""
     launch_mode: str = ""

@@ -31,12 +31,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from rtj_contract import progress as progress_contract
+
 if TYPE_CHECKING:
     from rtj_trainer.library.env import JobSettings
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = progress_contract.SCHEMA_VERSION
 # The version of the library that writes these reports, in each report's `library` field: the
 # operator tells a report of the library from the launcher's own view (rtj_trainer.runtime.launcher_view).
 LIBRARY_VERSION: Final = "0.5.0"

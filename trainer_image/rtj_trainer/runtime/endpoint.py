@@ -27,13 +27,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from rtj_contract import progress as progress_contract
+
 from rtj_trainer.runtime import launcher_view, metrics
 from rtj_trainer.runtime.launcher_view import LauncherView
 
 log = logging.getLogger(__name__)
 
-PROGRESS_PATH: Final = "/progress"
-METRICS_PATH: Final = "/metrics"
+PROGRESS_PATH: Final = progress_contract.PATH
+METRICS_PATH: Final = progress_contract.METRICS_PATH
 HEALTH_PATH: Final = "/healthz"
 # A client that neither sends its request nor reads the answer within this is dropped.
 REQUEST_TIMEOUT_SECONDS: Final = 5.0
