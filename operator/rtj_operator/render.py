@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from rtj_contract import env as env_names
 from rtj_contract import progress as progress_contract
+from rtj_contract import stores
 
 from rtj_operator import constants, names
 from rtj_operator.api import (
@@ -926,7 +927,10 @@ def _store_ports(job: ResilientTrainingJob) -> list[tuple[str, int]]:
     port = job.spec.rendezvous.port
     if not is_supervisor(job):
         return [(names.STORE_PORT_NAME, port)]
-    return [(names.STORE_PORT_NAME, port), (names.STORE_GROUPS_PORT_NAME, port + 1)]
+    return [
+        (names.STORE_PORT_NAME, port + stores.WRAPPER_STORE_OFFSET),
+        (names.STORE_GROUPS_PORT_NAME, port + stores.PG_STORE_OFFSET),
+    ]
 
 
 def _store_affinity(job: ResilientTrainingJob, excluded_nodes: Iterable[str]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import pytest
 import torch.distributed as dist
 from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess.state import Mode
+from rtj_contract import stores
 from rtj_localcluster.ports import reserve_port_pair
 from rtj_trainer.library import world
 from rtj_trainer.library.env import ACTIVE_WORLD_SIZE, EnvError, TrainerEnv
@@ -122,7 +123,10 @@ def test_each_local_rank_gets_its_slot_global_rank_and_the_store() -> None:
     served = {29500 + offset for offset in store.WORLD_STORES}
     for rank_env in envs:
         ports = StorePorts.of(int(rank_env["MASTER_PORT"]), TrainerEnv.from_environ(rank_env))
-        assert {ports.wrapper, ports.groups} == served and ports.wrapper == 29500 + world.WRAPPER_STORE_OFFSET
+        assert {
+            ports.wrapper,
+            ports.groups,
+        } == served and ports.wrapper == 29500 + stores.WRAPPER_STORE_OFFSET
 
 
 def test_the_contract_names_what_is_wrong() -> None:
@@ -158,7 +162,7 @@ def test_the_store_pod_serves_both_stores_and_tells_a_late_pod_the_world_formed(
     try:
         assert not supervisor.world_formed("127.0.0.1", port, timeout=10)
         pg = dist.TCPStore(  # type: ignore[attr-defined]
-            "127.0.0.1", port + world.PG_STORE_OFFSET, is_master=False, wait_for_workers=False
+            "127.0.0.1", port + stores.PG_STORE_OFFSET, is_master=False, wait_for_workers=False
         )
         pg.set(world.WORLD_FORMED_KEY, "1")
         assert supervisor.world_formed("127.0.0.1", port, timeout=10)

@@ -1,5 +1,5 @@
-"""Supervisor mode's contract between the pod runtime and the ranks: the stores' ports, two store keys
-and an exit status.
+"""Supervisor mode's contract between the pod runtime and the ranks: two store keys and an exit status
+(the stores' ports are rtj_contract.stores').
 
 In supervisor mode (docs/trainer.md, "Supervisor mode") the ranks of one fixed world and the pods'
 ``rtj-launch`` (``rtj_trainer.runtime.supervisor``) talk through the job's store pod
@@ -22,7 +22,3 @@ WORLD_FINISHED_KEY: Final = "rtj/world-finished"
 # A rank's exit status when the in-process world cannot go on (no reserve rank left, a shrunk
 # world): the pod then exits with it and the operator restarts the job.
 WORLD_BROKEN_EXIT_CODE: Final = 3
-# The store pod's two stores, as offsets from its port (MASTER_PORT of the ranks): in-process
-# restart's wrapper store, and the process groups' store that outlives the in-process iterations.
-WRAPPER_STORE_OFFSET: Final = 0
-PG_STORE_OFFSET: Final = 1

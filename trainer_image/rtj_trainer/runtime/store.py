@@ -31,7 +31,8 @@ from typing import Any, Final
 
 # The wrapper's store on the given port, the process groups' on the next one; the ranks find them
 # and share keys there through rtj_trainer.library.world.
-from rtj_trainer.library.world import PG_STORE_OFFSET, WRAPPER_STORE_OFFSET
+from rtj_contract.stores import PG_STORE_OFFSET, WRAPPER_STORE_OFFSET
+
 from rtj_trainer.runtime import launcher_view
 
 log = logging.getLogger("rtj_trainer.runtime.store")

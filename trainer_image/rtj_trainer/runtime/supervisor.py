@@ -31,14 +31,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from rtj_contract.stores import PG_STORE_OFFSET, WRAPPER_STORE_OFFSET
+
 from rtj_trainer.library import drain
 from rtj_trainer.library.env import ACTIVE_WORLD_SIZE, GROUPS_STORE_PORT, WRAPPER_STORE_PORT, TrainerEnv
 from rtj_trainer.library.world import (
-    PG_STORE_OFFSET,
     WORLD_BROKEN_EXIT_CODE,
     WORLD_FINISHED_KEY,
     WORLD_FORMED_KEY,
-    WRAPPER_STORE_OFFSET,
 )
 
 log = logging.getLogger("rtj_trainer.runtime.supervisor")
