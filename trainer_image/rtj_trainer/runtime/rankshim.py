@@ -12,9 +12,9 @@ recoveries timed and, when the job declares a log-line pattern, its step and los
 * passes the child's stdout and stderr through, whole lines at a time, to its own (the container's
   log reads the same as without it); the child gets ``PYTHONUNBUFFERED=1`` unless the user set it;
 * searches each output line for ``RTJ_STEP_LOG_PATTERN`` (:func:`compile_step_pattern`);
-* keeps a small JSON record of the rank in ``RTJ_RANKS_DIR/rank-<LOCAL_RANK>.json`` (set by
-  ``rtj-launch``), replaced atomically (:class:`RankRecord`): ``rtj-launch`` reads these files to
-  build the launcher view (``rtj_trainer.runtime.launcher_view``).
+* keeps a small JSON record of the rank in ``RTJ_RANKS_DIR/rank-<LOCAL_RANK>-<pid>.json`` (the
+  directory set by ``rtj-launch``), replaced atomically (:class:`RankRecord`): ``rtj-launch`` reads
+  these files to build the launcher view (``rtj_trainer.runtime.launcher_view``).
 
 Standard library only, and nothing of ``rtj_trainer`` (whose ``__init__`` and ``runtime/__init__``
 import nothing either): a rank's start costs one small interpreter, and the file can ship on its own.
