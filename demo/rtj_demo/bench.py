@@ -396,7 +396,7 @@ def _fault_free_json(result: JobResult, report: RunReport | None) -> dict[str, A
     }
 
 
-def goodput_main(argv: list[str]) -> int:
+def _goodput_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtj bench goodput", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
     parser.add_argument(
@@ -422,6 +422,11 @@ def goodput_main(argv: list[str]) -> int:
     )
     parser.add_argument("--out", type=Path, default=None, help="results dir (default bench/results)")
     parser.add_argument("--plot", type=Path, default=None, help="also copy the plot here (e.g. docs/img/)")
+    return parser
+
+
+def goodput_main(argv: list[str]) -> int:
+    parser = _goodput_parser()
     args = parser.parse_args(argv)
     out = args.out or _results_dir()
     plan = goodput_plan(args.steps)
@@ -464,12 +469,7 @@ def goodput_main(argv: list[str]) -> int:
         print(f"rtj bench goodput: cannot run: {err}", file=sys.stderr)
         return 2
     finally:
-        leftovers = processes.reap(run_id)
-        if leftovers:
-            print(
-                f"killed {len(leftovers)} leftover process(es): {processes.describe(leftovers)}",
-                file=sys.stderr,
-            )
+        _reap_and_say(run_id)
     baselines = {label: report for label, (_, report) in fault_free.items()}
     rows = [
         summary_row(mode, result, report, plan, baselines.get(mode.label)) for mode, result, report in runs
@@ -480,21 +480,13 @@ def goodput_main(argv: list[str]) -> int:
     print()
     print(lost)
     out.mkdir(parents=True, exist_ok=True)
-    data: dict[str, Any] = {
+    data = {
         "benchmark": "goodput",
         "time": stamp,
         "steps": args.steps,
         "step_sleep": args.step_sleep,
         "cluster_nodes": nodes,
-        "plan": [{"kind": f.kind, "step": f.step, "rank": f.rank} for f in plan],
-        "runs": [
-            _run_json(m, r, rep, row, fault_free.get(m.label))
-            for (m, r, rep), row in zip(runs, rows, strict=True)
-        ],
-        "table": table,
-        "table_markdown": goodput_markdown(rows, plan),
-        "lost_time_table": lost,
-        "lost_time_table_markdown": lost_time_table(rows, markdown=True),
+        **_goodput_results(plan, runs, rows, fault_free),
     }
     json_path = out / f"goodput-{stamp}.json"
     json_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
@@ -509,6 +501,35 @@ def goodput_main(argv: list[str]) -> int:
             written.append(plot_runs(plotted, args.plot, title=title, dpi=72))
     print("\nwritten: " + ", ".join(str(p) for p in written))
     return 0 if all(r.finished for _, r, _ in runs) else 1
+
+
+def _goodput_results(
+    plan: list[PlannedFault],
+    runs: list[tuple[Mode, JobResult, RunReport | None]],
+    rows: list[Any],
+    fault_free: dict[str, tuple[JobResult, RunReport | None]],
+) -> dict[str, Any]:
+    """The results file's plan, runs and tables."""
+    return {
+        "plan": [{"kind": f.kind, "step": f.step, "rank": f.rank} for f in plan],
+        "runs": [
+            _run_json(m, r, rep, row, fault_free.get(m.label))
+            for (m, r, rep), row in zip(runs, rows, strict=True)
+        ],
+        "table": goodput_table(rows, plan),
+        "table_markdown": goodput_markdown(rows, plan),
+        "lost_time_table": lost_time_table(rows),
+        "lost_time_table_markdown": lost_time_table(rows, markdown=True),
+    }
+
+
+def _reap_and_say(run_id: str) -> None:
+    """Kill what the runs left behind, and say so."""
+    leftovers = processes.reap(run_id)
+    if leftovers:
+        print(
+            f"killed {len(leftovers)} leftover process(es): {processes.describe(leftovers)}", file=sys.stderr
+        )
 
 
 def _run_and_say(

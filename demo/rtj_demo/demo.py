@@ -103,7 +103,7 @@ def needed_nodes(configuration: configurations.Configuration, plan: list[Planned
     return configurations.cluster_nodes([configuration.spec_patch], losses, example_nodes())
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rtj demo",
         description="Rehearse faults on the embedded local cluster and report recovery time and goodput.",
@@ -159,11 +159,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=float, default=None, help="seconds to wait for the job (default: 600, quick: 420)"
     )
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.steps is None:
         args.steps = QUICK_STEPS if args.quick else DEFAULT_STEPS
     if args.timeout is None:
         args.timeout = 420.0 if args.quick else 600.0
+    _check_args(parser, args)
+    return args
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Stop with a usage error for a combination the demo cannot run; fill in the default node count."""
     if args.steps < 40:
         parser.error("--steps must be at least 40 (the faults need room between them)")
     if args.step_sleep < 0:
@@ -188,7 +199,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             f"--nodes must be at least {needed} for the {args.launcher} job "
             "(its pods, one node per node it loses, one spare)"
         )
-    return args
 
 
 def summarize(result: JobResult, report: RunReport | None, plan: list[PlannedFault]) -> list[str]:

@@ -247,6 +247,12 @@ class JobSettings:
             ft_config_file=environ.get(FT_CONFIG_FILE, d.ft_config_file),
             active_world_size=_int(environ, ACTIVE_WORLD_SIZE, d.active_world_size),
         )
+        env._check()
+        return env
+
+    def _check(self) -> None:
+        """EnvError naming the variable when the settings cannot work together."""
+        env = self
         if not 0 <= env.progress_port <= 65535:
             raise EnvError(f"{PROGRESS_PORT}={env.progress_port} must be a port number (0: none)")
         for name, port in (
@@ -267,7 +273,6 @@ class JobSettings:
             raise EnvError(f"{MEMORY_INTERVAL_STEPS}={env.memory_interval_steps} must be >= 0 (0: off)")
         if env.ft_config and env.ft_config_file:
             raise EnvError(f"{FT_CONFIG} and {FT_CONFIG_FILE} are exclusive: set one")
-        return env
 
 
 # The name the project's modules and tests use (the pod runtime's among them).

@@ -154,6 +154,14 @@ class PendingRecovery:
     fault_step: int
 
 
+def _device(local_rank: int) -> tuple[torch.device, str]:
+    """This rank's device and the process groups' backend: its GPU and NCCL, else the CPU and gloo."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
 class Trainer:
     def __init__(
         self,
@@ -198,61 +206,62 @@ class Trainer:
         self.interrupted_by: BaseException | None = None
         self.in_job_restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
-        now = time.time()
-        node_rank = env.node_rank
-        prior = rtj_trainer.load_node_state(self.checkpoint_dir, node_rank)
-        self.in_process_base = 0
-        events: list[dict[str, Any]] = []
-        self.pending: PendingRecovery | None = None
-        if prior is not None and not prior.get("finished", False):
-            self.in_process_base = int(prior.get("restarts", {}).get("inProcess", 0))
-            events = list(prior.get("events", []))
-            self.pending = self._in_job_fault(prior, events, now)
-        self.progress = rtj_trainer.Progress(
-            node_rank=node_rank, train_start_time=rtj_trainer.train_start_time(self.checkpoint_dir, now)
-        )
-        self.progress.events = events
-        # TORCHELASTIC_RESTART_COUNT is per agent and stays 0 on a node whose workers restarted
-        # because another node's failed; the persisted count sees every restart of this node.
-        if prior is not None and not prior.get("finished", False):
-            persisted = int(prior.get("restarts", {}).get("inJob", 0)) + 1
-            self.in_job_restarts = max(self.in_job_restarts, persisted)
-        self.progress.restarts_in_job = self.in_job_restarts
-        self.progress.restarts_in_process = self.in_process_base
+        self.progress = self._resume_node_progress(time.time())
         self.node_faults = rtj_trainer.NodeFaults(self.checkpoint_dir, env.node_name)
         # One rank per pod reports: local rank 0, or in supervisor mode whichever active rank of
         # the pod holds the reporting lock (it passes on when its holder dies).
         self.reporter = rtj_trainer.Reporter.for_pod(env, self.checkpoint_dir, local_rank=self.local_rank)
         # Before any use of the GPU: a GPU that is gone or does not answer is the node's fault.
         self.check_gpus()
-        if torch.cuda.is_available():
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
-            self.backend = "nccl"
-        else:
-            self.device = torch.device("cpu")
-            self.backend = "gloo"
-        # The process groups' store lives across in-process iterations; each iteration uses a prefix.
-        # Rank 0 hosts it, or in supervisor mode the store pod does.
-        timeout = dt.timedelta(seconds=env.inprocess_barrier_timeout_seconds)
-        if env.supervised:
-            self.pg_store = dist.TCPStore(  # type: ignore[attr-defined]
+        self.device, self.backend = _device(self.local_rank)
+        self.pg_store = self._groups_store()
+
+    def _resume_node_progress(self, now: float) -> rtj_trainer.Progress:
+        """This node's report, carried on from the one a previous process left (its recovery events,
+        its restart counts), and the in-job fault this process recovers from (``self.pending``)."""
+        prior = rtj_trainer.load_node_state(self.checkpoint_dir, self.env.node_rank)
+        self.in_process_base = 0
+        events: list[dict[str, Any]] = []
+        self.pending: PendingRecovery | None = None
+        unfinished = prior is not None and not prior.get("finished", False)
+        if prior is not None and unfinished:
+            self.in_process_base = int(prior.get("restarts", {}).get("inProcess", 0))
+            events = list(prior.get("events", []))
+            self.pending = self._in_job_fault(prior, events, now)
+            # TORCHELASTIC_RESTART_COUNT is per agent and stays 0 on a node whose workers restarted
+            # because another node's failed; the persisted count sees every restart of this node.
+            persisted = int(prior.get("restarts", {}).get("inJob", 0)) + 1
+            self.in_job_restarts = max(self.in_job_restarts, persisted)
+        progress = rtj_trainer.Progress(
+            node_rank=self.env.node_rank,
+            train_start_time=rtj_trainer.train_start_time(self.checkpoint_dir, now),
+        )
+        progress.events = events
+        progress.restarts_in_job = self.in_job_restarts
+        progress.restarts_in_process = self.in_process_base
+        return progress
+
+    def _groups_store(self) -> Any:
+        """The process groups' store: it lives across in-process iterations (each uses a prefix).
+        Rank 0 hosts it, or in supervisor mode the store pod does."""
+        timeout = dt.timedelta(seconds=self.env.inprocess_barrier_timeout_seconds)
+        if self.env.supervised:
+            return dist.TCPStore(  # type: ignore[attr-defined]
                 host_name=self.master_addr,
                 port=self.store_ports.groups,
                 is_master=False,
                 timeout=timeout,
                 wait_for_workers=False,
             )
-        else:
-            self.pg_store = dist.TCPStore(  # type: ignore[attr-defined]
-                host_name=self.master_addr,
-                port=self.store_ports.groups,
-                world_size=self.world_size,
-                is_master=self.rank == 0,
-                timeout=timeout,
-                wait_for_workers=True,
-                multi_tenant=True,
-            )
+        return dist.TCPStore(  # type: ignore[attr-defined]
+            host_name=self.master_addr,
+            port=self.store_ports.groups,
+            world_size=self.world_size,
+            is_master=self.rank == 0,
+            timeout=timeout,
+            wait_for_workers=True,
+            multi_tenant=True,
+        )
 
     def _checkpoint_manager(self, rank: int) -> rtj_trainer.CheckpointManager:
         return rtj_trainer.CheckpointManager(
