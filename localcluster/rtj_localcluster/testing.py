@@ -278,6 +278,27 @@ def parse_module(path: Path) -> ast.Module:
         return ast.parse(source, str(path))
 
 
+MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 250
+
+
+def oversized(module: ast.Module, *, exempt: Callable[[ast.ClassDef], bool] | None = None) -> dict[str, int]:
+    """Each function of `module` over MAX_FUNCTION_LINES and each class over MAX_CLASS_LINES (but for
+    those `exempt` says), as "function <name>" or "class <name>" -> its lines; the layout tests of
+    every package share the rule."""
+    found: dict[str, int] = {}
+    for node in ast.walk(module):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        lines = (node.end_lineno or node.lineno) - node.lineno + 1
+        if isinstance(node, ast.ClassDef):
+            if lines > MAX_CLASS_LINES and not (exempt and exempt(node)):
+                found[f"class {node.name}"] = lines
+        elif lines > MAX_FUNCTION_LINES:
+            found[f"function {node.name}"] = lines
+    return found
+
+
 def assert_no_import_cycles(graph: Mapping[str, Set[str]]) -> None:
     """Fail with the cycle's path when a module of `graph` (module -> the modules it imports) imports
     itself through others; the layout tests of the operator and the trainer share it."""

@@ -12,11 +12,9 @@ import ast
 from pathlib import Path
 
 import pytest
-from rtj_localcluster.testing import assert_no_import_cycles, parse_module
+from rtj_localcluster.testing import assert_no_import_cycles, oversized, parse_module
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "rtj_operator"
-MAX_FUNCTION_LINES = 80
-MAX_CLASS_LINES = 250
 PURE = ("rtj_operator.decide", "rtj_operator.render", "rtj_operator.observe", "rtj_operator.names")
 NOT_IN_PURE = ("kopf", "kubernetes", "rtj_operator.runtime", "rtj_operator.main")
 DEVELOPMENT_TOOLS = ("rtj_localcluster", "rtj_demo", "rtj_trainer")
@@ -52,15 +50,7 @@ def _is_pydantic_model(node: ast.ClassDef, name: str) -> bool:
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_no_function_over_80_lines_and_no_class_over_250(name: str) -> None:
-    too_long = []
-    for node in ast.walk(MODULES[name]):
-        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            continue
-        lines = (node.end_lineno or node.lineno) - node.lineno + 1
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and lines > MAX_FUNCTION_LINES:
-            too_long.append(f"function {node.name}: {lines} lines")
-        if isinstance(node, ast.ClassDef) and lines > MAX_CLASS_LINES and not _is_pydantic_model(node, name):
-            too_long.append(f"class {node.name}: {lines} lines")
+    too_long = oversized(MODULES[name], exempt=lambda node: _is_pydantic_model(node, name))
     assert not too_long, f"{name}: {too_long}"
 
 
