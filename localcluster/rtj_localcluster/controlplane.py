@@ -291,34 +291,13 @@ class ControlPlane:
                 "--kubelet-preferred-address-types=InternalIP",
                 "--profiling=false",
                 "--v=1",
-                *self._audit_flags(),
+                *(audit_flags(self.dir, self.audit_log_path) if self.settings.audit_log else []),
             ],
         )
         context = ssl.create_default_context(cafile=str(pki.ca.cert))
         admin = pki.client("admin", ADMIN_USER, ("system:masters",))
         context.load_cert_chain(str(admin.cert), str(admin.key))
         self._wait_healthy("kube-apiserver", f"{self.url}/readyz", deadline, context)
-
-    def _audit_flags(self) -> list[str]:
-        if not self.settings.audit_log:
-            return []
-        policy = self.dir / "audit-policy.yaml"
-        # Metadata: who, which verb on which resource, and the response code; never bodies. A
-        # request is logged when its response starts (a watch's, which may never complete within a
-        # test) and when it completes; readers group the events by auditID.
-        document = {
-            "apiVersion": "audit.k8s.io/v1",
-            "kind": "Policy",
-            "omitStages": ["RequestReceived"],
-            "rules": [{"level": "Metadata"}],
-        }
-        policy.write_text(yaml.safe_dump(document))
-        return [
-            f"--audit-policy-file={policy}",
-            f"--audit-log-path={self.audit_log_path}",
-            "--audit-log-format=json",
-            "--audit-log-mode=blocking",
-        ]
 
     def _start_controllers(self, deadline: float) -> None:
         pki = self.pki
@@ -375,6 +354,27 @@ class ControlPlane:
             ("kube-scheduler", self.ports["scheduler"]),
         ):
             self._wait_healthy(name, f"https://127.0.0.1:{port}/healthz", deadline, insecure)
+
+
+def audit_flags(directory: Path, log_path: Path) -> list[str]:
+    """kube-apiserver's flags for an audit log at `log_path`, its policy written into `directory`.
+    Metadata: who, which verb on which resource, and the response code; never bodies. A request is
+    logged when its response starts (a watch's, which may never complete within a test) and when it
+    completes; readers group the events by auditID."""
+    policy = directory / "audit-policy.yaml"
+    document = {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [{"level": "Metadata"}],
+    }
+    policy.write_text(yaml.safe_dump(document))
+    return [
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={log_path}",
+        "--audit-log-format=json",
+        "--audit-log-mode=blocking",
+    ]
 
 
 def stop_marked_processes(cluster_id: str) -> int:

@@ -25,7 +25,6 @@ STILL_OVER = frozenset(
         "rtj_trainer.library.session.Session",
         "rtj_trainer.reference.train.Trainer",
         "rtj_localcluster.cluster.LocalCluster",
-        "rtj_localcluster.controlplane.ControlPlane",
         "rtj_localcluster.kubelet.Kubelet",
         "rtj_localcluster.kubelet.PodWorker",
     }
