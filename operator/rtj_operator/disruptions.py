@@ -9,7 +9,7 @@ the checkpoint at SIGTERM). It is counted in `status.budget.disruptions`.
 
 - Node signals (`NODE_SIGNALS`): a cordon and the maintenance tools' taints. Running workers stay
   where they are (the eviction that follows, if any, is a pod signal); no new worker is placed there
-  and a hot spare there is not taken. `observe.node_disruption` reads them off a node. A spot
+  and a hot spare there is not taken. `decide.node_problems.node_disruption` reads them off a node. A spot
   interruption notice is the exception (`moves_workers`): the node goes in two minutes whatever
   happens, so `decide.moves` moves its workers at once, while their checkpoint can still be written.
 - Pod signals (`POD_SIGNALS`): the `DisruptionTarget` condition's reasons and the pod status reasons

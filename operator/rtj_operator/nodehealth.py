@@ -4,7 +4,8 @@ Most p5 hardware faults leave the node Ready (a GPU Xid error, a GPU off the bus
 down). They surface as node conditions (node-problem-detector, the EKS node monitoring agent, GPU
 health checks), taints, health labels (SageMaker HyperPod), or a device plugin lowering
 the node's allocatable GPUs/EFA adapters; the trainer also reports faults it blames on its node.
-`NodeHealth` says which of these the operator acts on; `observe.node_problem` judges a node by it.
+`NodeHealth` says which of these the operator acts on; `decide.node_problems.node_problem` judges a
+node by it.
 
 A cordon and the maintenance tools' taints are no health signal: they are planned disruptions
 (`rtj_operator.disruptions`), never a fault. The settings add a site's own planned-disruption signals
@@ -70,7 +71,7 @@ HYPERPOD_UNHEALTHY: tuple[str, ...] = (
 )
 # Taints (any effect) that say the node is unfit: the cloud node lifecycle controller's taint on an
 # instance that is shut down. NoExecute taints the pod does not tolerate are judged anyway
-# (observe.node_problem); the maintenance tools' taints are planned disruptions, never faults.
+# (decide.node_problems.node_problem); the maintenance tools' taints are planned disruptions, never faults.
 DEFAULT_TAINTS = ("node.cloudprovider.kubernetes.io/shutdown",)
 DEFAULT_RESOURCES = ("nvidia.com/gpu", "vpc.amazonaws.com/efa")
 # Hardware that is broken for good (a GPU error, a GPU gone, a node HyperPod replaces, a node the

@@ -1,4 +1,4 @@
-"""Node health beyond Ready (nodehealth, observe.node_problem): every setting of the judge, the
+"""Node health beyond Ready (nodehealth, decide.node_problems.node_problem): every setting of the judge, the
 settings' parsing, and what a pass decides for a worker on a Ready node that shows a signal."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from operator_world import WORKER, node_of, running_world
 from rtj_operator import disruptions, events, nodehealth, observe
+from rtj_operator.decide import node_problems
 from rtj_operator.nodehealth import NodeHealth, NodeHealthError, parse_node_health
 from rtj_operator.progress import ProgressReport, parse_report
 
@@ -70,8 +71,8 @@ def read_report(payload: dict[str, Any]) -> ProgressReport:
 
 def judge(
     state: observe.NodeState, health: NodeHealth | None = None, worker: observe.PodState | None = None
-) -> observe.NodeProblem | None:
-    found, recheck = observe.node_problem(
+) -> node_problems.NodeProblem | None:
+    found, recheck = node_problems.node_problem(
         "n1", {"n1": state}, (), NOW, 10, health=health or NodeHealth(), pod=worker or pod()
     )
     assert recheck is None
@@ -153,8 +154,8 @@ def test_a_cordon_is_a_planned_disruption_not_a_health_signal_whatever_the_old_s
 ) -> None:
     cordoned = node(unschedulable=True)
     assert judge(cordoned, NodeHealth(replace_on_cordon=replace_on_cordon)) is None
-    assert observe.node_disruption(cordoned, NodeHealth()) == disruptions.CORDONED
-    assert observe.node_disruption(node(), NodeHealth()) is None
+    assert node_problems.node_disruption(cordoned, NodeHealth()) == disruptions.CORDONED
+    assert node_problems.node_disruption(node(), NodeHealth()) is None
 
 
 @pytest.mark.parametrize("key", sorted(disruptions.NODE_TAINTS))
@@ -163,9 +164,9 @@ def test_maintenance_taints_are_disruptions_even_when_listed_or_not_tolerated(ke
     tainted = node(taints=[(key, effect)])
     listed = NodeHealth(taints=(key, *nodehealth.DEFAULT_TAINTS))
     assert judge(tainted, listed) is None
-    assert observe.node_disruption(tainted, NodeHealth()) == key
+    assert node_problems.node_disruption(tainted, NodeHealth()) == key
     # Not tolerated, even NoExecute: no node problem (the taint manager's eviction is the disruption).
-    found, recheck = observe.node_problem("n1", {"n1": tainted}, (), NOW, 10, health=NodeHealth())
+    found, recheck = node_problems.node_problem("n1", {"n1": tainted}, (), NOW, 10, health=NodeHealth())
     assert (found, recheck) == (None, None)
 
 
@@ -197,23 +198,25 @@ def test_a_sites_own_disruption_and_notice_signals_are_planned_never_a_fault(
     shown: observe.NodeState, signal: str, departs: bool
 ) -> None:
     # Listed as health signals too (a label, a taint) and NoExecute, not tolerated: still no fault.
-    found, recheck = observe.node_problem("n1", {"n1": shown}, (), NOW, 10, health=SITE_SIGNALS, pod=pod())
+    found, recheck = node_problems.node_problem(
+        "n1", {"n1": shown}, (), NOW, 10, health=SITE_SIGNALS, pod=pod()
+    )
     assert (found, recheck) == (None, None)
-    assert observe.node_disruption(shown, SITE_SIGNALS) == signal
-    assert observe.node_departure(shown, SITE_SIGNALS) == (signal if departs else None)
+    assert node_problems.node_disruption(shown, SITE_SIGNALS) == signal
+    assert node_problems.node_departure(shown, SITE_SIGNALS) == (signal if departs else None)
 
 
 def test_a_label_value_the_settings_do_not_list_is_no_signal_and_other_health_labels_still_are() -> None:
     other = node(labels={"example.com/spot-notice": "false", "example.com/maintenance": "done"})
-    assert observe.node_disruption(other, SITE_SIGNALS) is None
-    assert observe.node_departure(other, SITE_SIGNALS) is None
+    assert node_problems.node_disruption(other, SITE_SIGNALS) is None
+    assert node_problems.node_departure(other, SITE_SIGNALS) is None
     # example.com/maintenance=done is no planned disruption, so the health label (any value) judges it.
     problem = judge(other, SITE_SIGNALS)
     assert problem is not None and problem.reason == "example.com/maintenance"
     # Without the settings a label means nothing.
     noticed = node(labels={"example.com/spot-notice": "true"})
-    assert observe.node_disruption(noticed, NodeHealth()) is None
-    assert observe.node_departure(noticed, NodeHealth()) is None
+    assert node_problems.node_disruption(noticed, NodeHealth()) is None
+    assert node_problems.node_departure(noticed, NodeHealth()) is None
 
 
 # --- allocatable ------------------------------------------------------------------------------------
@@ -296,9 +299,11 @@ def test_not_ready_within_grace_still_waits_and_health_is_judged_on_ready_nodes_
             },
         }
     )
-    found, recheck = observe.node_problem("n1", {"n1": state}, (), NOW, 10, health=NodeHealth(), pod=pod())
+    found, recheck = node_problems.node_problem(
+        "n1", {"n1": state}, (), NOW, 10, health=NodeHealth(), pod=pod()
+    )
     assert found is not None and found.reason == "KernelDeadlock" and recheck is None
-    found, recheck = observe.node_problem("n1", {"n1": state}, (), NOW, 10)
+    found, recheck = node_problems.node_problem("n1", {"n1": state}, (), NOW, 10)
     assert found is None and recheck is not None  # without health settings: as before
 
 

@@ -5,7 +5,7 @@ With `spec.disruption.podDisruptionBudget` the API server refuses the eviction o
 AlwaysAllow` lets those go), and `kubectl drain`, Karpenter or the termination handler retry until
 the budget allows it. A refused eviction leaves no trace on the pod, so the job says it instead:
 `DrainWaiting=True` (`PodDisruptionBudget`) while more ready workers sit on nodes being taken out (a
-cordon, a maintenance taint: `observe.node_disruption`) than the budget lets go, naming them; one
+cordon, a maintenance taint: `decide.node_problems.node_disruption`) than the budget lets go, naming them; one
 Warning Event when it turns True. False (`NoDrainWaiting`) otherwise; absent for a job without a
 budget. It never blocks silently: the message says how to let the drain go.
 
@@ -15,8 +15,8 @@ Pure: the pass state in, a condition and an Event out.
 from __future__ import annotations
 
 from rtj_operator import events, names
+from rtj_operator.decide.node_problems import node_disruption
 from rtj_operator.decide.state import WORKER, PassState
-from rtj_operator.observe import node_disruption
 
 
 def watch_drains(run: PassState) -> None:

@@ -47,6 +47,7 @@ from rtj_operator import constants, disruptions, events
 from rtj_operator.api import EntryState, ExitCodeOperator, FailureAction, FailureRule, FaultClass
 from rtj_operator.decide import repeated, startup
 from rtj_operator.decide.actions import TaintNode
+from rtj_operator.decide.node_problems import NodeProblem, node_disruption
 from rtj_operator.decide.state import (
     SPARE,
     STORE,
@@ -57,7 +58,7 @@ from rtj_operator.decide.state import (
     NodeFaultRecord,
     PassState,
 )
-from rtj_operator.observe import NodeProblem, PodState, node_disruption
+from rtj_operator.observe import PodState
 from rtj_operator.progress import format_time, parse_time
 
 

@@ -1,8 +1,8 @@
 """Moving workers off nodes that will go soon, before they go: a spot interruption notice (the
 termination handler's taint `disruptions.MOVING_TAINTS`, or a notice taint or label of the operator's
-settings: `observe.node_departure`) gives two minutes, whatever the job does. With
+settings: `decide.node_problems.node_departure`) gives two minutes, whatever the job does. With
 `spec.disruption.moveOnNotice` every planned disruption of a node (a cordon, a maintenance taint:
-`observe.node_disruption`) moves its workers too, before the eviction comes.
+`decide.node_problems.node_disruption`) moves its workers too, before the eviction comes.
 
 Each running worker on such a node is deleted with its grace period (Event `WorkerMoved`): its trainer
 commits the checkpoint of the step in progress at SIGTERM and its kubelet ends it; the next pass sees
@@ -13,8 +13,8 @@ taint keeps new workers away: `PassState.excluded_names`). No fault, no failure 
 from __future__ import annotations
 
 from rtj_operator import events
+from rtj_operator.decide.node_problems import node_departure, node_disruption
 from rtj_operator.decide.state import WORKER, PassState
-from rtj_operator.observe import node_departure, node_disruption
 
 
 def move_off_departing_nodes(run: PassState) -> None:

@@ -19,17 +19,9 @@ from rtj_operator import constants, events
 from rtj_operator.api import ConditionStatus, EntryState
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import FORCE, GRACEFUL_DELETE_SECONDS, Action, DeletePod, Event
+from rtj_operator.decide.node_problems import NodeProblem, node_disruption, node_health_problem, node_problem
 from rtj_operator.nodehealth import NodeHealth
-from rtj_operator.observe import (
-    JobView,
-    NodeProblem,
-    NodeState,
-    Observed,
-    PodState,
-    node_disruption,
-    node_health_problem,
-    node_problem,
-)
+from rtj_operator.observe import JobView, NodeState, Observed, PodState
 from rtj_operator.progress import FoldedProgress
 
 WORKER, SPARE, STORE = constants.ROLE_WORKER, constants.ROLE_SPARE, constants.ROLE_STORE
