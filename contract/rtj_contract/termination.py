@@ -30,9 +30,14 @@ NO_RESTART_EXIT_CODE: Final = 93
 PEER_DRAINED_EXIT_CODE: Final = 75
 
 
-def fault_message(reason: str, detail: str) -> str:
-    """A termination message that names `reason`, then says what went wrong."""
-    return f"{FAULT_REASON_PREFIX}{reason}\n{detail}"
+def is_fault_reason(text: str) -> bool:
+    """Whether `text` is a reason onFaultReasons can list."""
+    return len(text) <= FAULT_REASON_MAX_CHARS and re.fullmatch(FAULT_REASON_NAME, text) is not None
+
+
+def fault_message(reason: str, detail: str = "") -> str:
+    """A termination message that names `reason`, then (on the next line) says what went wrong."""
+    return f"{FAULT_REASON_PREFIX}{reason}\n{detail}" if detail else f"{FAULT_REASON_PREFIX}{reason}"
 
 
 def fault_reason(message: str) -> str | None:

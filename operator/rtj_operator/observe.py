@@ -296,8 +296,8 @@ def container_fault(container: Mapping[str, Any]) -> tuple[int | None, str]:
         code = terminated.get("exitCode")
         if not isinstance(code, int) or code == 0:
             continue
-        found = termination.FAULT_REASON_LINE.search(_str(terminated.get("message")))
-        return code, found.group(1) if found else _str(terminated.get("reason"))
+        message = _str(terminated.get("message"))
+        return code, termination.fault_reason(message) or _str(terminated.get("reason"))
     return None, ""
 
 

@@ -57,9 +57,6 @@ def running_pid(api: SyncKubeClient, name: str) -> int:
     return wait_for(check, timeout=90, message=f"{name} running")
 
 
-gone = process_ended
-
-
 def ready_status(api: SyncKubeClient, node: str) -> str | None:
     obj = api.get_or_none(path_for("nodes", name=node))
     for item in (obj or {}).get("status", {}).get("conditions") or []:
@@ -80,7 +77,7 @@ def test_node_kill_marks_unknown_taints_and_evicts_by_toleration(
 
     killed = time.monotonic()
     local_cluster.kill_node(node)
-    wait_for(lambda: all(gone(p) for p in pids), timeout=30, message="the processes to die")
+    wait_for(lambda: all(process_ended(p) for p in pids), timeout=30, message="the processes to die")
     wait_for(lambda: ready_status(api, node) == "Unknown", timeout=GRACE + SLACK, message="Ready=Unknown")
     unknown_after = time.monotonic() - killed
     # Never before the grace period, counted from the last renewal (at most one heartbeat before the kill).
@@ -144,8 +141,8 @@ def test_partition_keeps_processes_running_and_heal_restores_ready(
         message="partitioned Unknown",
     )
     wait_for(lambda: ready_status(api, killed) == "Unknown", timeout=GRACE + SLACK, message="killed Unknown")
-    assert not gone(partitioned_pid)
-    assert wait_for(lambda: gone(killed_pid), timeout=30, message="the killed node's process to die")
+    assert not process_ended(partitioned_pid)
+    assert wait_for(lambda: process_ended(killed_pid), timeout=30, message="the killed node's process to die")
 
     local_cluster.heal_node(partitioned)
     wait_for(
@@ -161,7 +158,7 @@ def test_partition_keeps_processes_running_and_heal_restores_ready(
         timeout=SLACK,
         message="the unreachable taint to be removed",
     )
-    assert not gone(partitioned_pid)
+    assert not process_ended(partitioned_pid)
     assert ready_status(api, killed) == "Unknown"
 
 
@@ -199,7 +196,7 @@ def test_not_ready_node_gets_not_ready_taint_and_evicts_until_healed(
         timeout=SLACK + 30,
         message="the evicted pod to be gone",
     )
-    wait_for(lambda: gone(pid), timeout=30, message="the evicted pod's process to exit")
+    wait_for(lambda: process_ended(pid), timeout=30, message="the evicted pod's process to exit")
     local_cluster.heal_node(node)
     wait_for(lambda: ready_status(api, node) == "True", timeout=SLACK, message="Ready again")
     wait_for(

@@ -252,26 +252,27 @@ class JobSettings:
 
     def _check(self) -> None:
         """EnvError naming the variable when the settings cannot work together."""
-        env = self
-        if not 0 <= env.progress_port <= 65535:
-            raise EnvError(f"{PROGRESS_PORT}={env.progress_port} must be a port number (0: none)")
+        if not 0 <= self.progress_port <= 65535:
+            raise EnvError(f"{PROGRESS_PORT}={self.progress_port} must be a port number (0: none)")
         for name, port in (
-            (WRAPPER_STORE_PORT, env.wrapper_store_port),
-            (GROUPS_STORE_PORT, env.groups_store_port),
+            (WRAPPER_STORE_PORT, self.wrapper_store_port),
+            (GROUPS_STORE_PORT, self.groups_store_port),
         ):
             if not 0 <= port <= 65535:
                 raise EnvError(f"{name}={port} must be a port number (0: on rank 0, after MASTER_PORT)")
-        if env.checkpoint_interval_steps < 1 or env.checkpoint_keep < 1:
+        if self.checkpoint_interval_steps < 1 or self.checkpoint_keep < 1:
             raise EnvError(f"{CHECKPOINT_INTERVAL_STEPS} and {CHECKPOINT_KEEP} must be >= 1")
-        if env.supervised and not env.store_host:
+        if self.supervised and not self.store_host:
             raise EnvError(
                 f"{LAUNCH_MODE}={LAUNCH_MODE_SUPERVISOR} needs {STORE_HOST} (the store pod's name)"
             )
-        if not 0 <= env.slot < max(env.slots, 1) or env.slots < env.nnodes:
-            raise EnvError(f"{SLOT}={env.slot} must be below {SLOTS}={env.slots}, which is at least {NNODES}")
-        if env.memory_interval_steps < 0:
-            raise EnvError(f"{MEMORY_INTERVAL_STEPS}={env.memory_interval_steps} must be >= 0 (0: off)")
-        if env.ft_config and env.ft_config_file:
+        if not 0 <= self.slot < max(self.slots, 1) or self.slots < self.nnodes:
+            raise EnvError(
+                f"{SLOT}={self.slot} must be below {SLOTS}={self.slots}, which is at least {NNODES}"
+            )
+        if self.memory_interval_steps < 0:
+            raise EnvError(f"{MEMORY_INTERVAL_STEPS}={self.memory_interval_steps} must be >= 0 (0: off)")
+        if self.ft_config and self.ft_config_file:
             raise EnvError(f"{FT_CONFIG} and {FT_CONFIG_FILE} are exclusive: set one")
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -45,10 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rtj_trainer.session")
 
-# A fault reason as the operator reads it (rtj_contract.termination; onFaultReasons' pattern).
-FAULT_REASON_PATTERN: Final = re.compile(
-    rf"^(?=.{{1,{termination.FAULT_REASON_MAX_CHARS}}}$){termination.FAULT_REASON_NAME}$"
-)
 # Kubernetes keeps at most 4096 bytes of a termination message.
 MAX_FAULT_MESSAGE_CHARS: Final = 1024
 # The key that marks a tensor leaf in the saved state's skeleton (the non-tensor part of a state dict).
@@ -339,13 +334,13 @@ class Session:
         container exits non-zero (raise or exit after it); a later call replaces it. Outside a pod
         (no ``RTJ_TERMINATION_MESSAGE_PATH``) the reason is only logged.
         """
-        if not FAULT_REASON_PATTERN.match(reason):
+        if not termination.is_fault_reason(reason):
             raise ValueError(
                 f"fault reason {reason!r}: one word of letters and digits, starting with a letter, "
                 "at most 64 characters (e.g. DataCorruption)"
             )
         detail = " ".join(message.split())[:MAX_FAULT_MESSAGE_CHARS]
-        text = termination.fault_message(reason, detail).rstrip("\n")
+        text = termination.fault_message(reason, detail)
         log.error("fault: %s%s", reason, f": {detail}" if detail else "")
         if not drain_mod.write_termination_message(text):
             log.warning(

@@ -223,8 +223,7 @@ class Trainer:
         self.in_process_base = 0
         events: list[dict[str, Any]] = []
         self.pending: PendingRecovery | None = None
-        unfinished = prior is not None and not prior.get("finished", False)
-        if prior is not None and unfinished:
+        if prior is not None and not prior.get("finished", False):
             self.in_process_base = int(prior.get("restarts", {}).get("inProcess", 0))
             events = list(prior.get("events", []))
             self.pending = self._in_job_fault(prior, events, now)
