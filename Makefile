@@ -3,17 +3,18 @@
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-# `make test` runs pytest in two lanes side by side, each its own pytest process with its own shared
-# local cluster: the operator's and the chart's tests (clusters and operators, mostly waiting on the
-# control plane) beside the rest (the trainer's, the demo's, the local cluster's and the API's, then
-# the trainer tests again on NVRx 0.7.0). One process used about 0.8 of the 2 cores; the two lanes
-# together took 27 minutes where one after the other took 38. PYTEST_ARGS goes to every pytest run
-# (options, not paths: to run a part, call .venv/bin/pytest); TEST_REPORTS names a folder where
-# each run writes its JUnit XML (lane-operator.xml, lane-rest.xml, lane-rest-nvrx-0.7.0.xml).
+# `make test` runs pytest in three lanes side by side, each its own pytest process with its own
+# shared local cluster: the operator's tests (clusters and operators, mostly waiting on the control
+# plane); the trainer's, the demo's, the local cluster's and the API's; the chart's, then the trainer
+# tests again on NVRx 0.7.0. Two lanes kept 1.34 of the 2 cores busy and the third lane's work
+# waited for the second's. PYTEST_ARGS goes to every pytest run (options, not paths: to run a part,
+# call .venv/bin/pytest); TEST_REPORTS names a folder where each run writes its JUnit XML
+# (lane-operator.xml, lane-rest.xml, lane-chart.xml, lane-nvrx-0.7.0.xml).
 PYTEST_ARGS ?=
 TEST_REPORTS ?=
-TEST_LANE_OPERATOR := tests/operator tests/chart
+TEST_LANE_OPERATOR := tests/operator
 TEST_LANE_REST     := tests/api tests/demo tests/localcluster tests/trainer
+TEST_LANE_CHART    := tests/chart
 # pytest-xdist workers inside each lane (0: none). On 2 cores the lanes use the cores already, and
 # xdist workers alone took longer than one process (42.5 min against about 31); machines with more
 # cores can set it.
@@ -36,7 +37,7 @@ junit = $(if $(TEST_REPORTS),--junitxml=$(abspath $(TEST_REPORTS))/$(1).xml)
 # One pytest run: its JUnit name, then its arguments.
 pytest = $(BIN)/pytest $(call xdist,$(PYTEST_WORKERS)) $(call junit,$(1)) $(PYTEST_ARGS) $(2)
 
-.PHONY: setup control-plane control-plane-build podnet demo test test-prerequisites test-lane-operator test-lane-rest lint typecheck unit crds clean
+.PHONY: setup control-plane control-plane-build podnet demo test test-prerequisites test-lane-operator test-lane-rest test-lane-chart-nvrx-0.7.0 lint typecheck unit crds clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -98,21 +99,24 @@ typecheck: $(STAMP)
 # plane's Go build (CPU) overlaps pip's downloads (network), and ruff and mypy run once .venv is there.
 test-prerequisites: $(STAMP) $(CHECKOV) $(HELM) $(PROMTOOL) $(NVRX_0_7_OK) control-plane podnet lint typecheck
 
-# The whole suite in two lanes side by side (see TEST_LANE_*): the trainer tests on .venv's NVRx
-# 0.4.1, then again on 0.7.0 but those marked nvrx_independent (torch and gloo only:
-# tests/trainer/conftest.py bars NVRx from them). Each lane's output comes whole when it ends.
+# The whole suite in three lanes side by side (see TEST_LANE_*): the trainer tests on .venv's NVRx
+# 0.4.1 in one, and again on 0.7.0 in another but those marked nvrx_independent (torch and gloo
+# only: tests/trainer/conftest.py bars NVRx from them). Each lane's output comes whole when it ends.
 test:
 	$(MAKE) --no-print-directory -j4 --output-sync=target test-prerequisites
 	$(if $(TEST_REPORTS),mkdir -p $(TEST_REPORTS))
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-lane-operator test-lane-rest
+	$(MAKE) --no-print-directory -j3 --output-sync=target test-lane-operator test-lane-rest test-lane-chart-nvrx-0.7.0
 
 test-lane-operator: | $(STAMP)
 	$(call pytest,lane-operator,$(TEST_LANE_OPERATOR))
 
 test-lane-rest: | $(STAMP)
 	$(call pytest,lane-rest,$(TEST_LANE_REST))
+
+test-lane-chart-nvrx-0.7.0: | $(STAMP)
+	$(call pytest,lane-chart,$(TEST_LANE_CHART))
 	RTJ_TEST_NVRX_VERSION=0.7.0 PYTHONPATH=$(abspath $(NVRX_0_7))$${PYTHONPATH:+:$$PYTHONPATH} \
-		$(call pytest,lane-rest-nvrx-0.7.0,-m "not nvrx_independent" tests/trainer)
+		$(call pytest,lane-nvrx-0.7.0,-m "not nvrx_independent" tests/trainer)
 
 # The tests that start no cluster and no training process (not marked slow).
 unit: $(STAMP)

@@ -1,9 +1,10 @@
-"""`make test` runs pytest in two lanes side by side (the Makefile's TEST_LANE_*): every test folder
-is in exactly one lane, so a new folder cannot drop out of the suite, and the trainer's tests run a
-second time on NVRx 0.7.0."""
+"""`make test` runs pytest in three lanes side by side (the Makefile's TEST_LANE_* and test-lane-*):
+every test folder is in exactly one lane, so a new folder cannot drop out of the suite, and the
+trainer's tests run a second time on NVRx 0.7.0."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -11,10 +12,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def lane_runs() -> list[list[str]]:
-    """The argv of each pytest run of the two lanes, as make would run them (a dry run)."""
+def lane_targets() -> list[str]:
+    """The lanes `make test` runs side by side: the targets of its last recipe line."""
+    recipe = (REPO / "Makefile").read_text().split("\ntest:\n", 1)[1].split("\n\n", 1)[0]
+    return re.findall(r"\btest-lane-[\w.-]+", recipe.splitlines()[-1])
+
+
+def lane_runs(targets: list[str]) -> list[list[str]]:
+    """The argv of each pytest run of the lanes, as make would run them (a dry run)."""
     out = subprocess.run(
-        ["make", "-n", "--no-print-directory", "test-lane-operator", "test-lane-rest", "PYTEST_ARGS="],
+        ["make", "-n", "--no-print-directory", *targets, "PYTEST_ARGS="],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -24,12 +31,14 @@ def lane_runs() -> list[list[str]]:
 
 
 def test_every_test_folder_is_in_exactly_one_lane_and_the_trainer_tests_run_again_on_nvrx_0_7() -> None:
-    runs = lane_runs()
-    assert len(runs) == 3, runs
-    folders = [arg for run in runs[:2] for arg in run if arg.startswith("tests/")]
+    targets = lane_targets()
+    assert len(targets) == 3, targets
+    runs = lane_runs(targets)
+    assert len(runs) == 4, runs
+    again = [run for run in runs if "RTJ_TEST_NVRX_VERSION=0.7.0" in run]
+    assert len(again) == 1 and again[0][-1] == "tests/trainer", again
+    folders = [arg for run in runs if run not in again for arg in run if arg.startswith("tests/")]
     on_disk = sorted({f"tests/{path.parent.name}" for path in (REPO / "tests").glob("*/test_*.py")})
     assert sorted(folders) == on_disk, (folders, on_disk)
     assert len(folders) == len(set(folders)), folders
     assert not list((REPO / "tests").glob("test_*.py")), "a test file at the top of tests/ is in no lane"
-    second = runs[2]
-    assert "RTJ_TEST_NVRX_VERSION=0.7.0" in second and second[-1] == "tests/trainer", second
