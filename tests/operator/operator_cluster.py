@@ -99,12 +99,18 @@ def event_reasons(kubeconfig: str | os.PathLike[str], namespace: str, job: str) 
 def wait_state(
     kubeconfig: str | os.PathLike[str], namespace: str, job: str, state: str, *, timeout: float = 120
 ) -> dict[str, Any]:
-    return wait_for(
-        lambda: status if (status := job_status(kubeconfig, namespace, job)).get("state") == state else None,
-        timeout=timeout,
-        interval=0.3,
-        message=f"job {job} to be {state}",
-    )
+    """The job's status once its state is `state`; on a timeout the error shows the last status seen
+    (its conditions say what holds the state back)."""
+    seen: dict[str, Any] = {}
+
+    def reached() -> dict[str, Any] | None:
+        seen.update(status=job_status(kubeconfig, namespace, job))
+        return seen["status"] if seen["status"].get("state") == state else None
+
+    try:
+        return wait_for(reached, timeout=timeout, interval=0.3, message=f"job {job} to be {state}")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; last status: {json.dumps(seen.get('status'))[:6000]}") from None
 
 
 def running_pods_on(kubeconfig: str | os.PathLike[str], namespace: str, job: str) -> dict[str, str]:
