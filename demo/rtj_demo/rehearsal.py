@@ -87,7 +87,8 @@ def mid_interval(step: int, interval: int) -> int:
 
 
 def rtj_faults(plan: Sequence[PlannedFault]) -> str:
-    """The RTJ_FAULTS value for the trainer's share of the plan (format: rtj_trainer.rehearsal.faults)."""
+    """The RTJ_FAULTS value for the trainer's share of the plan (format:
+    rtj_trainer.rehearsal.fault_injection)."""
     return ";".join(f.rtj_faults_entry() for f in plan if f.kind != "node-loss")
 
 

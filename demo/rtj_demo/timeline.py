@@ -6,7 +6,8 @@ Sources, all read after (or while) the job runs:
   progress contract in docs/architecture.md): step completions, committed checkpoints and the
   recovery events the trainer saw (in-process restarts, in-job restarts by ft_launcher);
 - the trainer's fault markers (`<checkpoint dir>/faults-fired/*.json`, written by
-  `rtj_trainer.rehearsal.faults` just before a planned fault fires): the time and kind of each injected fault;
+  `rtj_trainer.rehearsal.fault_injection` just before a planned fault fires): the time and kind of
+  each injected fault;
 - the operator's Events on the job (`WorkerReplaced`, `GangRestart`): pod replacements and job
   restarts, with their timestamps;
 - the rehearsal's own record of faults it injected from outside (a node killed).

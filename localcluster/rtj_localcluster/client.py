@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 import yaml
-from rtj_contract.times import parse_rfc3339
+from rtj_contract.times import format_rfc3339, format_rfc3339_micro
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +50,12 @@ RESOURCES: dict[str, tuple[str, bool]] = {
 
 
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_rfc3339(datetime.now(UTC))
 
 
 def now_micro() -> str:
     """MicroTime, as Lease renewTime uses."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-parse_time = parse_rfc3339
+    return format_rfc3339_micro(datetime.now(UTC))
 
 
 def path_for(

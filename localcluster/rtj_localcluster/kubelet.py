@@ -39,9 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rtj_contract.times import parse_rfc3339
+
 from . import identity
 from .certs import CertPair
-from .client import ApiError, Informer, KubeClient, now_micro, now_rfc3339, parse_time, path_for
+from .client import ApiError, Informer, KubeClient, now_micro, now_rfc3339, path_for
 from .logserver import LogServer
 from .marks import signal_matching
 from .nodes import NODE_LEASE_NAMESPACE, Degradation, NodeProfile, node_status, ready_condition
@@ -64,7 +66,7 @@ log = logging.getLogger(__name__)
 
 
 def _epoch(rfc3339: str | None) -> float:
-    parsed = parse_time(rfc3339)
+    parsed = parse_rfc3339(rfc3339)
     return parsed.timestamp() if parsed is not None else 0.0
 
 

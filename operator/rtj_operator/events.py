@@ -1,6 +1,7 @@
-"""Event reasons and condition vocabulary of the operator, defined once.
+"""Event reasons of the operator, defined once (condition types and their own reasons are in
+`rtj_operator.decide.conditions`).
 
-`decide` chooses which Events to emit and which conditions to set; `runtime.passes` posts them; the
+`decide` chooses which Events to emit and which conditions to set; `runtime.job_pass` posts them; the
 docs (docs/operations.md) and the tests refer to these names. Reasons are unique, specific CamelCase
 words, following the Kubernetes API conventions. The job and entry states (status.state,
 status.workers.pods[].state) are `api.JobState` and `api.EntryState`, shared with the schema.
@@ -67,58 +68,3 @@ QUOTA_EXCEEDED: Final = "QuotaExceeded"  # a ResourceQuota of the namespace refu
 FILE_SYSTEM_NOT_ALLOWED: Final = "FileSystemNotAllowed"  # fsxStatic names a file system not allowed there
 INSUFFICIENT_NODES: Final = "InsufficientNodes"  # too few nodes can ever hold a worker: no pod created
 STATUS_OVERWRITTEN: Final = "StatusOverwritten"  # someone else wrote the job's status: restored
-
-# Condition types (status.conditions[].type).
-COND_READY: Final = "Ready"
-COND_RECOVERING: Final = "Recovering"
-COND_SUSPENDED: Final = "Suspended"
-COND_SUCCEEDED: Final = "Succeeded"
-COND_FAILED: Final = "Failed"
-# True while the job cannot get its children: the API server refused one (ChildRejected,
-# QuotaExceeded), too few nodes could ever hold its workers (InsufficientNodes), or its FSx file
-# system is not allowed for its namespace (FileSystemNotAllowed).
-COND_BLOCKED: Final = "Blocked"
-# True while every worker is ready but the training step has not advanced for
-# spec.progress.stallAfterSeconds (decide.training).
-# Unknown (StepsNotReported) while no worker reports a step: a stall cannot be told.
-COND_STALLED: Final = "Stalled"
-# True while the spec sets fields only the rtj library honours (api.spec.LIBRARY_ONLY_FIELDS) and the
-# workers report no library: a training script of one's own ignores them (decide.library).
-COND_SETTINGS_IGNORED: Final = "SettingsIgnored"
-# True while a worker's node is being taken out (a cordon, a maintenance taint) and the job's own
-# PodDisruptionBudget refuses the worker's eviction: the drain waits for the job (decide.drains).
-COND_DRAIN_WAITING: Final = "DrainWaiting"
-CONDITION_TYPES: Final = (
-    COND_READY,
-    COND_RECOVERING,
-    COND_STALLED,
-    COND_SUSPENDED,
-    COND_SUCCEEDED,
-    COND_FAILED,
-    COND_BLOCKED,
-    COND_SETTINGS_IGNORED,
-    COND_DRAIN_WAITING,
-)
-# The Blocked reasons that come from a refused create (retried on a spec change or a slow recheck).
-REFUSAL_REASONS: Final = frozenset({CHILD_REJECTED, QUOTA_EXCEEDED})
-
-# Condition reasons that are not also event reasons.
-REASON_ALL_WORKERS_READY: Final = "AllWorkersReady"
-REASON_WORKERS_NOT_READY: Final = "WorkersNotReady"
-REASON_RECOVERING: Final = "Recovering"
-REASON_NO_FAULT: Final = "NoFault"
-REASON_NOT_SUSPENDED: Final = "NotSuspended"
-REASON_RUNNING: Final = "Running"
-REASON_FINISHED: Final = "Finished"
-REASON_NOT_BLOCKED: Final = "NotBlocked"
-REASON_POD_DISRUPTION_BUDGET: Final = "PodDisruptionBudget"  # DrainWaiting=True: the job's budget holds it
-REASON_NO_DRAIN_WAITING: Final = "NoDrainWaiting"
-REASON_NO_PROGRESS: Final = "NoProgress"  # Stalled=True: the step has not advanced
-REASON_NOT_STALLED: Final = "NotStalled"  # Stalled=False before any stall
-# Stalled=Unknown: no worker reports a training step (neither the rtj library nor stepLogPattern).
-REASON_STEPS_NOT_REPORTED: Final = "StepsNotReported"
-# lastRecovery.reason of an in-job restart that rtj-launch timed (a job whose restarts source is Launcher).
-REASON_IN_JOB_RESTART: Final = "InJobRestart"
-REASON_LIBRARY_NOT_IN_USE: Final = "LibraryNotInUse"  # SettingsIgnored=True: the fields it lists are ignored
-REASON_LIBRARY_IN_USE: Final = "LibraryInUse"  # SettingsIgnored=False: the workers report through the library
-REASON_NO_LIBRARY_SETTINGS: Final = "NoLibrarySettings"  # SettingsIgnored=False: no library-only field is set

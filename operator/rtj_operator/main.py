@@ -11,7 +11,7 @@ and handles no job until it acquires the Lease; then it starts kopf. A leader th
 time stops and the process exits non-zero (the kubelet restarts it as a standby). Without the flag
 the operator runs alone (kopf's peering stays off either way: it pauses, it does not elect).
 
-Whatever the election, `runtime.sight` serves `--liveness` (fails when the API server has not
+Whatever the election, `runtime.api_liveness` serves `--liveness` (fails when the API server has not
 answered for `--api-stale-seconds`) and exits the process on credentials the API server keeps
 refusing (`--api-fatal-failures`).
 """
@@ -34,7 +34,7 @@ import kopf
 
 from rtj_operator import metrics, nodehealth
 from rtj_operator.fsx_policy import AllowListError, FsxAllowList
-from rtj_operator.runtime import handlers, kube, leader, passes, quiet_logs, sight
+from rtj_operator.runtime import api_liveness, handlers, job_pass, kube, leader, quiet_logs
 from rtj_operator.runtime.context import OperatorContext
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class RuntimeOptions:
     """How the operator guards itself against API faults and shares the work with standbys."""
 
     timeouts: kube.Timeouts = field(default_factory=kube.Timeouts)
-    sight: sight.SightSettings = field(default_factory=sight.SightSettings)
+    liveness_settings: api_liveness.LivenessSettings = field(default_factory=api_liveness.LivenessSettings)
     watch_inactivity_seconds: float = 15.0
     election: leader.LeaderElectionSettings | None = None
 
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_api_fault_arguments(parser: argparse.ArgumentParser) -> None:
     faults = parser.add_argument_group("API faults")
-    defaults, sight_defaults = kube.Timeouts(), sight.SightSettings()
+    defaults, liveness_defaults = kube.Timeouts(), api_liveness.LivenessSettings()
     faults.add_argument(
         "--api-read-timeout-seconds",
         type=float,
@@ -114,13 +114,13 @@ def _add_api_fault_arguments(parser: argparse.ArgumentParser) -> None:
     faults.add_argument(
         "--api-stale-seconds",
         type=float,
-        default=sight_defaults.stale_after_seconds,
+        default=liveness_defaults.stale_after_seconds,
         help="liveness fails when the API server has not answered for this long (default %(default)g)",
     )
     faults.add_argument(
         "--api-fatal-failures",
         type=int,
-        default=sight_defaults.fatal_failures,
+        default=liveness_defaults.fatal_failures,
         help="exit after this many TLS-verification or 401 failures in a row (default %(default)d)",
     )
 
@@ -178,7 +178,7 @@ def options_from(args: argparse.Namespace) -> RuntimeOptions:
         )
     return RuntimeOptions(
         timeouts=kube.Timeouts(read_seconds=args.api_read_timeout_seconds),
-        sight=sight.SightSettings(
+        liveness_settings=api_liveness.LivenessSettings(
             stale_after_seconds=args.api_stale_seconds, fatal_failures=args.api_fatal_failures
         ),
         watch_inactivity_seconds=args.watch_inactivity_seconds,
@@ -216,13 +216,13 @@ def build_context(
     node_health: nodehealth.NodeHealth | None = None,
     fsx_allowed: FsxAllowList | None = None,
 ) -> OperatorContext:
-    """The operator's state: its client reporting to its sight, and the elector when elected."""
-    api_sight = sight.ApiSight(options.sight)
-    client = kube.Kube.from_kubeconfig(kubeconfig, timeouts=options.timeouts, outcome=api_sight)
-    ctx = passes.new_context(
+    """The operator's state: its client reporting to its liveness record, and the elector when elected."""
+    liveness_record = api_liveness.ApiLiveness(options.liveness_settings)
+    client = kube.Kube.from_kubeconfig(kubeconfig, timeouts=options.timeouts, outcome=liveness_record)
+    ctx = job_pass.new_context(
         client, metrics_port=metrics_port, node_health=node_health, fsx_allowed=fsx_allowed
     )
-    ctx.sight = api_sight
+    ctx.api_liveness = liveness_record
     ctx.watch_inactivity_seconds = options.watch_inactivity_seconds
     if options.election is not None:
         # Its own connection pool: a frozen reconcile connection must not hold up a renewal.
@@ -231,7 +231,7 @@ def build_context(
             connect_seconds=min(options.timeouts.connect_seconds, options.election.call_seconds),
         )
         lease_client = kube.ApiTransport.from_configuration(
-            client.configuration, timeouts=lease_timeouts, outcome=api_sight
+            client.configuration, timeouts=lease_timeouts, outcome=liveness_record
         )
         ctx.elector = leader.LeaderElector(lease_client, options.election)
     return ctx
@@ -239,11 +239,11 @@ def build_context(
 
 def health_report(ctx: OperatorContext) -> tuple[bool, dict[str, Any]]:
     """The health endpoint's answer: healthy while the API server answers, leader or standby."""
-    report = ctx.sight.report()
+    report = ctx.api_liveness.report()
     if ctx.elector is not None:
         report["leading"] = ctx.elector.holds()
         report["holder"] = ctx.elector.holder()
-    return ctx.sight.healthy(), report
+    return ctx.api_liveness.healthy(), report
 
 
 def _serve_metrics(ctx: OperatorContext) -> None:
@@ -294,12 +294,12 @@ async def run_operator(  # noqa: PLR0913 - keyword-only flags, each named by its
     stop = asyncio.Event()
     failed: list[str] = []
     _serve_metrics(ctx)
-    health = await sight.serve_health(liveness, lambda: health_report(ctx)) if liveness else None
+    health = await api_liveness.serve_health(liveness, lambda: health_report(ctx)) if liveness else None
     background = [
         asyncio.create_task(
             _stop_when_done(
-                sight.watch_api(
-                    ctx.sight,
+                api_liveness.watch_api(
+                    ctx.api_liveness,
                     ctx.kube.ping,
                     stop,
                     drop_connections=ctx.kube.drop_connections,

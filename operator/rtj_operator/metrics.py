@@ -1,7 +1,7 @@
 """Prometheus metrics of the operator (prometheus-client), exported on `--metrics-port`.
 
-`runtime.passes` updates them after each reconcile pass from the plan's counters and the job's status;
-`runtime.scrape` counts its reads of the trainers' progress endpoints and `runtime.sight` the failed
+`runtime.job_pass` updates them after each reconcile pass from the plan's counters and the job's status;
+`runtime.scrape` counts its reads of the trainers' progress endpoints and `runtime.api_liveness` the failed
 calls of the operator's client; the HTTP exporter is started with the operator (`main.run_operator`),
 before leader election, so a standby is scraped too and says it stands by (`rtj_operator_leading`).
 The chart's alert rules and dashboard (charts/resilient-training-operator/) query these series.
@@ -26,8 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from rtj_contract.times import epoch_seconds
 
-from rtj_operator import events
 from rtj_operator.api import JobState
+from rtj_operator.decide import conditions as cond
 
 RECONCILE_TOTAL = prometheus_client.Counter("rtj_reconcile_total", "Reconcile passes, by result.", ["result"])
 RECONCILE_DURATION = prometheus_client.Histogram(
@@ -126,7 +126,7 @@ class JobSeries:
         stalled = [
             c
             for c in (conditions if isinstance(conditions, list) else [])
-            if _dict(c).get("type") == events.COND_STALLED
+            if _dict(c).get("type") == cond.COND_STALLED
         ]
         return cls(
             goodput_ratio=goodput_percent / 100.0 if goodput_percent is not None else None,

@@ -1,6 +1,6 @@
 """Turn Kubernetes API objects (plain dicts) into the observations the decisions are made on.
 
-`runtime.passes` gathers a job's body, its pods and the nodes (from kopf's indexes or fresh reads) and
+`runtime.job_pass` gathers a job's body, its pods and the nodes (from kopf's indexes or fresh reads) and
 calls `observe_job` and `observe` here; the decisions (`rtj_operator.decide`) only ever see these frozen
 dataclasses, never API objects. What is wrong with a worker's node is judged from them in
 `rtj_operator.decide.node_problems`.
@@ -16,13 +16,14 @@ from datetime import datetime
 from typing import Any
 
 from rtj_contract import termination
+from rtj_contract.times import parse_rfc3339
 
 from rtj_operator import api, constants, names
 from rtj_operator.fsx_policy import FsxAllowList
 from rtj_operator.nodehealth import (
     NodeHealth,
 )
-from rtj_operator.progress import ProgressReport, RestartOffset, parse_time
+from rtj_operator.progress import ProgressReport, RestartOffset
 
 # A container's termination message is kept up to this many characters (the kubelet keeps 4 KiB; a
 # condition's message is read by people, and the status must stay small).
@@ -151,7 +152,7 @@ def observe_node(body: Mapping[str, Any]) -> NodeState:
         kind = _str(condition.get("type"))
         if kind == "Ready":
             ready = _str(condition.get("status")) or "Unknown"
-            since = parse_time(condition.get("lastTransitionTime"))
+            since = parse_rfc3339(condition.get("lastTransitionTime"))
         elif kind:
             conditions[kind] = NodeCondition(
                 _str(condition.get("status")), _str(condition.get("reason")), _str(condition.get("message"))
@@ -161,7 +162,7 @@ def observe_node(body: Mapping[str, Any]) -> NodeState:
             key=_str(t.get("key")),
             value=_str(t.get("value")),
             effect=_str(t.get("effect")),
-            time_added=parse_time(t.get("timeAdded")),
+            time_added=parse_rfc3339(t.get("timeAdded")),
         )
         for t in map(_mapping, _list(spec.get("taints")))
     )
@@ -251,7 +252,7 @@ def observe_pod(body: Mapping[str, Any], report: ProgressReport | None = None) -
         status_reason=_str(status.get("reason")),
         message=message,
         waiting=waiting,
-        created=parse_time(metadata.get("creationTimestamp")),
+        created=parse_rfc3339(metadata.get("creationTimestamp")),
         restart_count_annotation=int(restart_count) if restart_count.isdigit() else None,
         tolerations=tolerations,
         report=report,

@@ -29,22 +29,12 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from rtj_contract import progress as progress_contract
-from rtj_contract.times import parse_rfc3339
+from rtj_contract.times import format_rfc3339, parse_rfc3339
 
 from rtj_operator.api.status import RestartsSource, StepSource
 
 # A version string of the library is kept this short (status.progress.library).
 MAX_LIBRARY_VERSION_CHARS = 64
-
-
-# An RFC 3339 timestamp as an aware datetime, or None when absent or malformed (the operator's
-# modules know it by this name).
-parse_time = parse_rfc3339
-
-
-def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC with second precision, as Kubernetes writes timestamps."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # A node fault's reason is shown in messages and status: kept this short.
@@ -160,7 +150,7 @@ def parse_ranks(value: object) -> RanksReport | None:
         return None
     return RanksReport(
         running=_int(value.get("running")),
-        start_time=parse_time(value.get("startTime")),
+        start_time=parse_rfc3339(value.get("startTime")),
         restart_count=_int(value.get("restartCount")),
     )
 
@@ -171,7 +161,7 @@ def parse_last_recovery(value: object) -> RecoveryReport | None:
     for event in value if isinstance(value, list) else []:
         if not isinstance(event, dict):
             continue
-        kind, time = event.get("kind"), parse_time(event.get("time"))
+        kind, time = event.get("kind"), parse_rfc3339(event.get("time"))
         if not isinstance(kind, str) or not kind.isalnum() or time is None:
             continue
         step = event.get("step")
@@ -179,7 +169,7 @@ def parse_last_recovery(value: object) -> RecoveryReport | None:
             RecoveryReport(
                 kind=kind,
                 time=time,
-                fault_time=parse_time(event.get("faultTime")),
+                fault_time=parse_rfc3339(event.get("faultTime")),
                 recovery_seconds=_float(event.get("recoverySeconds")),
                 step=_int(step) if _int(step, -1) >= 0 else None,
             )
@@ -211,23 +201,23 @@ def parse_report(text: str | None) -> ProgressReport | None:
     restarts = raw.get("restarts")
     restarts = restarts if isinstance(restarts, dict) else {}
     checkpoint_step = checkpoint.get("step")
-    checkpoint_time = parse_time(checkpoint.get("time"))
+    checkpoint_time = parse_rfc3339(checkpoint.get("time"))
     node_rank = raw.get("nodeRank")
     sources = raw.get("sources")
     sources = sources if isinstance(sources, dict) else {}
     step_source = _step_source(sources.get("step"))
     given_step = _int(raw.get("step"), -1) >= 0
     return ProgressReport(
-        time=parse_time(raw.get("time")),
+        time=parse_rfc3339(raw.get("time")),
         node_rank=_int(node_rank) if isinstance(node_rank, int) and not isinstance(node_rank, bool) else None,
         step=_int(raw.get("step")),
         checkpoint_step=_int(checkpoint_step) if _int(checkpoint_step, -1) >= 0 else None,
-        checkpoint_time=format_time(checkpoint_time) if checkpoint_time else None,
+        checkpoint_time=format_rfc3339(checkpoint_time) if checkpoint_time else None,
         in_process_restarts=_int(restarts.get("inProcess")),
         in_job_restarts=_int(restarts.get("inJob")),
         step_time_seconds=_float(raw.get("stepTimeSeconds")),
         useful_step_seconds=_float(raw.get("usefulStepSeconds")),
-        train_start_time=parse_time(raw.get("trainStartTime")),
+        train_start_time=parse_rfc3339(raw.get("trainStartTime")),
         finished=raw.get("finished") is True,
         node_faults=parse_node_faults(raw.get("nodeFaults")),
         checkpoint_blocking_seconds=_float(raw.get("checkpointBlockingSeconds")),
@@ -426,7 +416,7 @@ def _lead_progress(lead: ProgressReport) -> dict[str, Any]:
     if goodput is not None:
         progress["goodputPercent"] = goodput
     if lead.time is not None:
-        progress["updateTime"] = format_time(lead.time)
+        progress["updateTime"] = format_rfc3339(lead.time)
     return progress | _work_progress(lead)
 
 
@@ -479,7 +469,7 @@ def track_advance(
     progress["currentStep"] = step
     last = old.get("lastAdvanceTime")
     if advanced and at is not None:
-        progress["lastAdvanceTime"] = format_time(at)
+        progress["lastAdvanceTime"] = format_rfc3339(at)
     elif isinstance(last, str):
         progress["lastAdvanceTime"] = last
     return advanced

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import ast
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 from rtj_contract import termination
 from rtj_contract.quantity import parse_quantity
-from rtj_contract.times import epoch_seconds, parse_rfc3339
+from rtj_contract.times import epoch_seconds, format_rfc3339, format_rfc3339_micro, parse_rfc3339
 from rtj_localcluster.testing import parse_module
 
 CONTRACT = Path(__file__).resolve().parents[2] / "contract" / "rtj_contract"
@@ -50,6 +50,14 @@ def test_timestamps_are_read_as_aware_utc_times(text: str, expected: datetime) -
     parsed = parse_rfc3339(text)
     assert parsed == expected and parsed is not None and parsed.tzinfo is not None
     assert epoch_seconds(text) == expected.timestamp()
+
+
+def test_times_are_written_in_utc_as_kubernetes_writes_them_and_read_back() -> None:
+    moment = datetime(2026, 12, 5, 3, 0, 7, 250000, tzinfo=timezone(timedelta(hours=1)))
+    assert format_rfc3339(moment) == "2026-12-05T02:00:07Z"
+    assert format_rfc3339_micro(moment) == "2026-12-05T02:00:07.250000Z"
+    assert parse_rfc3339(format_rfc3339_micro(moment)) == moment
+    assert parse_rfc3339(format_rfc3339(moment)) == moment.replace(microsecond=0)
 
 
 @pytest.mark.parametrize("value", [None, "", "  ", "yesterday", "2026-13-01T00:00:00Z", 1796436000, b"2026"])

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from rtj_contract.times import format_rfc3339
 from rtj_operator import constants, decide, observe
 from rtj_operator.nodehealth import NodeHealth
-from rtj_operator.progress import ProgressReport, RestartOffset, format_time
+from rtj_operator.progress import ProgressReport, RestartOffset
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -49,7 +50,7 @@ def node_body(name: str, *, ready: str = "True", since: datetime = T0) -> dict[s
         },
         "spec": {},
         "status": {
-            "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": format_time(since)}],
+            "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": format_rfc3339(since)}],
             "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"},
         },
     }
@@ -119,7 +120,7 @@ class World:
         pod["status"].setdefault("conditions", []).append(
             {"type": "DisruptionTarget", "status": "True", "reason": reason}
         )
-        pod["metadata"]["deletionTimestamp"] = format_time(self.now)
+        pod["metadata"]["deletionTimestamp"] = format_rfc3339(self.now)
         pod["metadata"]["deletionGracePeriodSeconds"] = 120
 
     def label(self, name: str, key: str, value: str) -> None:
@@ -127,7 +128,7 @@ class World:
 
     def taint(self, name: str, key: str, effect: str = "NoExecute") -> None:
         self.nodes[name]["spec"].setdefault("taints", []).append(
-            {"key": key, "effect": effect, "timeAdded": format_time(self.now)}
+            {"key": key, "effect": effect, "timeAdded": format_rfc3339(self.now)}
         )
 
     # -- reconcile --
@@ -165,7 +166,7 @@ class World:
                 break
             refusal = self.refusal(action)
             if refusal is not None:
-                # As runtime.passes does: the refusal becomes a condition in the same pass.
+                # As runtime.job_pass does: the refusal becomes a condition in the same pass.
                 self.actions_applied.append(action)
                 self.refused_at = self.now
                 status, _, emitted = decide.record_refusal(
@@ -206,7 +207,7 @@ class World:
                 if meta["name"] in self.pods:
                     return  # AlreadyExists: success
                 meta["uid"] = f"pod-uid-{next(self.uids)}"
-                meta["creationTimestamp"] = format_time(self.now)
+                meta["creationTimestamp"] = format_rfc3339(self.now)
                 manifest["status"] = {"phase": "Pending"}
                 self.pods[meta["name"]] = manifest
             else:
@@ -220,7 +221,7 @@ class World:
             if action.grace_seconds == 0 or not pod["spec"].get("nodeName"):
                 del self.pods[action.name]
             else:
-                pod["metadata"]["deletionTimestamp"] = format_time(self.now)
+                pod["metadata"]["deletionTimestamp"] = format_rfc3339(self.now)
                 pod["metadata"]["deletionGracePeriodSeconds"] = 30
         elif isinstance(action, decide.DeleteObject):
             self.others.pop((action.kind, action.name), None)

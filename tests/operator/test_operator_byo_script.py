@@ -34,6 +34,7 @@ from rtj_localcluster.kubelet import MARK_POD
 from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import kubectl, wait_for
 from rtj_operator import events, names
+from rtj_operator.decide import conditions as cond
 from rtj_operator.main import EmbeddedOperator
 
 pytestmark = [pytest.mark.slow]
@@ -93,7 +94,7 @@ def _step(status: dict[str, Any]) -> int:
 
 def _watch_no_stall(kubeconfig: Path, name: str, seen: list[str]) -> dict[str, Any]:
     status = job_status(kubeconfig, "default", name)
-    stalled = _condition(status, events.COND_STALLED)
+    stalled = _condition(status, cond.COND_STALLED)
     if stalled.get("status") == "True":
         seen.append(str(stalled))
     return status
@@ -220,7 +221,7 @@ def test_sections_api_with_a_config_from_the_spec_and_no_steps_is_never_stalled(
             stalls,
             lambda s: (
                 bool((s.get("progress") or {}).get("sources"))
-                and _condition(s, events.COND_READY).get("status") == "True"
+                and _condition(s, cond.COND_READY).get("status") == "True"
             ),
             timeout=300,
             message="the workers' reports",
@@ -237,7 +238,7 @@ def test_sections_api_with_a_config_from_the_spec_and_no_steps_is_never_stalled(
         )
     assert final["state"] == "Succeeded", final.get("conditions")
     assert running["progress"]["sources"]["step"] == "NotReported"
-    stalled = _condition(running, events.COND_STALLED)
+    stalled = _condition(running, cond.COND_STALLED)
     assert stalled.get("status") == "Unknown", stalled
     assert "stepLogPattern" in stalled.get("message", "")
     assert not stalls, stalls
@@ -272,14 +273,14 @@ def test_a_wrong_script_path_and_a_step_that_always_raises_fail_the_job_naming_w
         typo = wait_state(kc, "default", "typo", "Failed", timeout=240)
         bad_batch = wait_state(kc, "default", "badbatch", "Failed", timeout=240)
     for final in (typo, bad_batch):
-        assert _condition(final, events.COND_READY).get("status") != "True", final["conditions"]
+        assert _condition(final, cond.COND_READY).get("status") != "True", final["conditions"]
         assert (final.get("budget") or {}).get("failuresUsed", 0) == 0, final
-    failed = _condition(typo, events.COND_FAILED)
+    failed = _condition(typo, cond.COND_FAILED)
     assert failed.get("reason") == events.STARTUP_FAILED, failed
     assert missing in failed.get("message", ""), failed
     assert (typo.get("restarts") or {}).get("podReplacement", 0) <= 2
     # rtj-launch stopped ft_launcher at the second try (it had more), and nothing was replaced.
-    failed = _condition(bad_batch, events.COND_FAILED)
+    failed = _condition(bad_batch, cond.COND_FAILED)
     assert failed.get("reason") == events.DETERMINISTIC_FAILURE, failed
     evidence = "after step 3 on 2 tries in a row: exit 1: ValueError: bad batch at offset 0x3f00"
     assert evidence in failed.get("message", ""), failed

@@ -30,6 +30,7 @@ from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import create_namespace, kubectl, wait_for
 from rtj_operator import constants, events
+from rtj_operator.decide import conditions as cond
 from rtj_operator.main import EmbeddedOperator
 from rtj_operator.runtime import kube
 
@@ -115,7 +116,7 @@ def test_lifecycle_children_status_columns_and_deletion(kubeconfig: Path, tmp_pa
             status = wait_state(kubeconfig, namespace, "life", "Running")
             assert status["workers"]["readyText"] == "2/2" and status["observedGeneration"] == 1
             ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-            assert (ready["status"], ready["reason"]) == ("True", events.REASON_ALL_WORKERS_READY)
+            assert (ready["status"], ready["reason"]) == ("True", cond.REASON_ALL_WORKERS_READY)
             service = get(kubeconfig, "-n", namespace, "service", "life")
             assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
             for kind, name in [("pvc", "life-checkpoints"), ("serviceaccount", "life-trainer")]:
@@ -427,7 +428,7 @@ def _condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
 
 def _blocked(kubeconfig: Path, namespace: str, job: str) -> dict[str, Any] | None:
     """The job's Blocked condition while it is True."""
-    found = _condition(job_status(kubeconfig, namespace, job), events.COND_BLOCKED)
+    found = _condition(job_status(kubeconfig, namespace, job), cond.COND_BLOCKED)
     return found if found and found["status"] == "True" else None
 
 
@@ -518,7 +519,7 @@ def test_a_status_written_by_someone_else_is_corrected_on_the_next_event(
             started = time.monotonic()
             status = wait_state(kubeconfig, namespace, "forged", "Running", timeout=30)
             assert time.monotonic() - started < 10  # the next event, not the 60 s safety net
-            assert (_condition(status, events.COND_SUCCEEDED) or {}).get("status") != "True"
+            assert (_condition(status, cond.COND_SUCCEEDED) or {}).get("status") != "True"
             assert events.STATUS_OVERWRITTEN in event_reasons(kubeconfig, namespace, "forged")
             assert len(running_pods_on(kubeconfig, namespace, "forged")) == 1  # nothing was torn down
     finally:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from operator_world import T0, WORKER, World, job_body, running_world
+from rtj_contract.times import format_rfc3339
 from rtj_operator import events, observe, render
 from rtj_operator.api import parse_job
-from rtj_operator.progress import format_time
+from rtj_operator.decide import conditions as cond
 
 
 def _container_status(state: dict[str, Any], last: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -21,7 +22,7 @@ def _pod(**status: Any) -> dict[str, Any]:
             "name": "train-worker-0",
             "uid": "u",
             "labels": {"resilient.training/role": "worker", "resilient.training/worker-index": "0"},
-            "creationTimestamp": format_time(T0),
+            "creationTimestamp": format_rfc3339(T0),
         },
         "spec": {"nodeName": "node-0"},
         "status": status,
@@ -91,7 +92,7 @@ def test_a_failed_workers_message_reaches_the_event_and_the_failed_condition() -
     world.reconcile()
     failed = [e.message for e in world.events if e.reason == events.WORKER_FAILED]
     assert failed and "ContainerCannotRun): OCI runtime create failed: /dev/nvidia0" in failed[0]
-    condition = world.condition(events.COND_FAILED)
+    condition = world.condition(cond.COND_FAILED)
     assert condition["reason"] == events.RESTART_BUDGET_EXHAUSTED
     assert "exited with code 128 (ContainerCannotRun): OCI runtime create failed" in condition["message"]
 
@@ -106,8 +107,8 @@ def test_a_worker_that_cannot_start_says_why_in_ready() -> None:
         lambda p: p.update(status={"phase": "Pending", "containerStatuses": [_container_status(pull)]}),
     )
     world.reconcile()
-    ready = world.condition(events.COND_READY)
-    assert ready["status"] == "False" and ready["reason"] == events.REASON_WORKERS_NOT_READY
+    ready = world.condition(cond.COND_READY)
+    assert ready["status"] == "False" and ready["reason"] == cond.REASON_WORKERS_NOT_READY
     assert ready["message"] == (
         "1/2 workers ready; train-worker-1: container trainer waiting: ErrImagePull: "
         'pull "trainer:1": not found'

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from operator_world import T0, WORKER, World, job_body
 from rtj_operator import decide, events
+from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.admission import REFUSAL_RECHECK_SECONDS
 
 
@@ -17,7 +18,7 @@ def quota_world(quota: int = 1) -> World:
 def test_a_quota_refusal_is_a_condition_with_the_servers_message_in_one_pass() -> None:
     world = quota_world()
     world.reconcile()
-    blocked = world.condition(events.COND_BLOCKED)
+    blocked = world.condition(cond.COND_BLOCKED)
     assert blocked["status"] == "True" and blocked["reason"] == events.QUOTA_EXCEEDED
     assert "exceeded quota: q" in blocked["message"] and "train-worker-1" in blocked["message"]
     assert blocked["observedGeneration"] == 1
@@ -36,7 +37,7 @@ def test_no_retry_until_the_recheck_and_no_repeated_warning() -> None:
     assert any(isinstance(a, decide.CreateObject) and a.kind == "Pod" for a in plan.actions)
     assert world.creates() == 3  # one recheck, refused again
     assert world.reasons().count(events.QUOTA_EXCEEDED) == 1  # same message: no second Warning
-    assert world.condition(events.COND_BLOCKED)["status"] == "True"
+    assert world.condition(cond.COND_BLOCKED)["status"] == "True"
 
 
 def test_a_held_pass_asks_to_be_woken_for_the_recheck() -> None:
@@ -55,8 +56,8 @@ def test_a_spec_change_retries_at_once_and_admitted_pods_clear_the_condition() -
     world.job["metadata"]["generation"] = 2
     world.settle()
     assert world.pod(WORKER, 1) is not None and world.status()["state"] == "Running"
-    blocked = world.condition(events.COND_BLOCKED)
-    assert (blocked["status"], blocked["reason"]) == ("False", events.REASON_NOT_BLOCKED)
+    blocked = world.condition(cond.COND_BLOCKED)
+    assert (blocked["status"], blocked["reason"]) == ("False", cond.REASON_NOT_BLOCKED)
 
 
 def test_a_rejected_child_that_is_not_a_quota() -> None:

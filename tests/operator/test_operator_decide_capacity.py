@@ -10,6 +10,7 @@ from operator_world import World, job_body
 from rtj_operator import constants, events, observe, render
 from rtj_operator.api import parse_job
 from rtj_operator.decide import capacity
+from rtj_operator.decide import conditions as cond
 
 GPU_NODE = {"cpu": "192", "memory": "2000Gi", "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32",
             "hugepages-2Mi": "5120Mi", "pods": "110"}  # fmt: skip
@@ -93,7 +94,7 @@ def test_a_job_that_can_never_fit_creates_no_pods_and_says_why() -> None:
     world.nodes["node-2"]["metadata"]["labels"][constants.LABEL_INSTANCE_TYPE] = "p5.48xlarge"
     world.settle()
     assert world.pods == {} and world.creates() == 0
-    blocked = world.condition(events.COND_BLOCKED)
+    blocked = world.condition(cond.COND_BLOCKED)
     assert (blocked["status"], blocked["reason"]) == ("True", events.INSUFFICIENT_NODES)
     assert blocked["message"] == (
         "1000 nodes needed for the workers, 2 can hold one; the others: 1 of another instance type, "
@@ -106,17 +107,17 @@ def test_a_job_that_can_never_fit_creates_no_pods_and_says_why() -> None:
 def test_nodes_joining_unblock_the_job() -> None:
     world = big_world(3, 2)
     world.settle()
-    assert world.pods == {} and world.condition(events.COND_BLOCKED)["status"] == "True"
+    assert world.pods == {} and world.condition(cond.COND_BLOCKED)["status"] == "True"
     world.nodes["node-2"] = World.with_nodes(job_body(), 3).nodes["node-2"]
     world.settle()
     assert world.status()["state"] == "Running" and len(world.pods) == 3
-    blocked = world.condition(events.COND_BLOCKED)
-    assert (blocked["status"], blocked["reason"]) == ("False", events.REASON_NOT_BLOCKED)
+    blocked = world.condition(cond.COND_BLOCKED)
+    assert (blocked["status"], blocked["reason"]) == ("False", cond.REASON_NOT_BLOCKED)
 
 
 def test_a_job_that_fits_gets_no_blocked_condition() -> None:
     world = big_world(2, 2)
     world.settle()
     assert world.status()["state"] == "Running"
-    assert all(c["type"] != events.COND_BLOCKED for c in world.status()["conditions"])
+    assert all(c["type"] != cond.COND_BLOCKED for c in world.status()["conditions"])
     assert world.creates() == 2

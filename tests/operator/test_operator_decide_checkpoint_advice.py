@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from operator_world import T0, WORKER, World, running_world
+from rtj_contract.times import format_rfc3339
 from rtj_operator.decide.checkpoint_advice import (
     ADVICE_FIELDS,
     NO_FAULT_YET,
@@ -19,7 +20,7 @@ from rtj_operator.decide.checkpoint_advice import (
     interval_steps,
     young_interval_seconds,
 )
-from rtj_operator.progress import format_time, parse_report
+from rtj_operator.progress import parse_report
 
 
 @pytest.mark.parametrize(
@@ -100,13 +101,13 @@ def report(step: int, *, at: float, blocking: float, in_process: int = 0, in_job
     return json.dumps(
         {
             "v": 1,
-            "time": format_time(T0 + timedelta(seconds=at)),
+            "time": format_rfc3339(T0 + timedelta(seconds=at)),
             "step": step,
             "restarts": {"inProcess": in_process, "inJob": in_job},
             "stepTimeSeconds": 0.5,
             "checkpointBlockingSeconds": blocking,
             "usefulStepSeconds": 1.0,
-            "trainStartTime": format_time(T0),
+            "trainStartTime": format_rfc3339(T0),
         }
     )
 

@@ -14,6 +14,7 @@ import pytest
 from operator_world import SPARE, WORKER, World, _affinity_nodes, node_of, running_world
 from rtj_contract import termination
 from rtj_operator import decide, disruptions, events
+from rtj_operator.decide import conditions as cond
 from rtj_operator.nodehealth import NodeHealth
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -244,7 +245,7 @@ def test_any_other_exit_code_is_still_the_workers_failure() -> None:
 
 def drain_waiting(world: World) -> dict[str, str] | None:
     found: dict[str, str] | None = next(
-        (c for c in world.status().get("conditions", []) if c["type"] == events.COND_DRAIN_WAITING), None
+        (c for c in world.status().get("conditions", []) if c["type"] == cond.COND_DRAIN_WAITING), None
     )
     return found
 
@@ -264,10 +265,10 @@ def test_the_jobs_disruption_budget_holding_a_drain_is_said_in_status_once() -> 
     world.settle()
     waiting = drain_waiting(world)
     assert waiting is not None and waiting["status"] == "True", waiting
-    assert waiting["reason"] == events.REASON_POD_DISRUPTION_BUDGET
+    assert waiting["reason"] == cond.REASON_POD_DISRUPTION_BUDGET
     assert f"worker 1 on {node} (Cordoned)" in waiting["message"] and "train-workers" in waiting["message"]
     world.reconcile()
-    assert world.reasons().count(events.COND_DRAIN_WAITING) == 1
+    assert world.reasons().count(cond.COND_DRAIN_WAITING) == 1
     world.nodes[node]["spec"]["unschedulable"] = False
     world.settle()
     assert drain_waiting(world)["status"] == "False"  # type: ignore[index]

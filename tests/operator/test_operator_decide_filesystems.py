@@ -9,6 +9,7 @@ import pytest
 from operator_world import T0, job_body, node_body
 from rtj_operator import decide, events, observe
 from rtj_operator.decide import CreateObject
+from rtj_operator.decide import conditions as cond
 from rtj_operator.fsx_policy import AllowListError, FsxAllowList
 
 FS_A = "fs-0123456789abcdef0"
@@ -39,7 +40,7 @@ def created_kinds(result: decide.Plan) -> list[str]:
 
 
 def blocked(result: decide.Plan) -> dict[str, Any] | None:
-    return next((c for c in result.status.get("conditions") or [] if c["type"] == events.COND_BLOCKED), None)
+    return next((c for c in result.status.get("conditions") or [] if c["type"] == cond.COND_BLOCKED), None)
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 from operator_world import SPARE, T0, WORKER, World, job_body, running_world
+from rtj_contract.times import format_rfc3339
 from rtj_operator import constants, decide, events
-from rtj_operator.progress import format_time
+from rtj_operator.decide import conditions as cond
 
 
 def test_create_renders_every_child_and_records_workers() -> None:
@@ -24,12 +25,12 @@ def test_create_renders_every_child_and_records_workers() -> None:
     ]
     assert [e["state"] for e in world.status()["workers"]["pods"]] == ["Creating"] * 4
     assert world.status()["state"] == "Pending"
-    assert world.status()["startTime"] == format_time(T0)
+    assert world.status()["startTime"] == format_rfc3339(T0)
     world.settle()
     status = world.status()
     assert status["state"] == "Running"
     assert status["workers"]["readyText"] == "3/3" and status["workers"]["readySpares"] == 1
-    assert world.condition("Ready")["reason"] == events.REASON_ALL_WORKERS_READY
+    assert world.condition("Ready")["reason"] == cond.REASON_ALL_WORKERS_READY
 
 
 def test_an_idle_job_needs_no_writes() -> None:
@@ -61,7 +62,7 @@ def test_success_when_every_worker_succeeded_then_ttl_deletes_the_job() -> None:
         world.set_pod(WORKER, i, lambda p: p.update(status={"phase": "Succeeded"}))
     world.reconcile()
     status = world.status()
-    assert status["state"] == "Succeeded" and status["completionTime"] == format_time(world.now)
+    assert status["state"] == "Succeeded" and status["completionTime"] == format_rfc3339(world.now)
     assert events.JOB_SUCCEEDED in world.reasons()
     world.kubelets()
     assert world.pod(SPARE, 0) is None  # spares are not needed any more
@@ -99,6 +100,6 @@ def test_condition_transition_time_moves_only_on_flips() -> None:
     decide.set_condition(conditions, "Ready", status=False, reason="A", message="a", now=T0, generation=1)
     later = T0.replace(hour=13)
     decide.set_condition(conditions, "Ready", status=False, reason="B", message="b", now=later, generation=2)
-    assert conditions[0]["lastTransitionTime"] == format_time(T0) and conditions[0]["reason"] == "B"
+    assert conditions[0]["lastTransitionTime"] == format_rfc3339(T0) and conditions[0]["reason"] == "B"
     decide.set_condition(conditions, "Ready", status=True, reason="C", message="c", now=later, generation=2)
-    assert conditions[0]["lastTransitionTime"] == format_time(later)
+    assert conditions[0]["lastTransitionTime"] == format_rfc3339(later)

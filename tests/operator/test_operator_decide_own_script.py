@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 from operator_world import T0, WORKER, World, running_world
+from rtj_contract.times import format_rfc3339, parse_rfc3339
 from rtj_operator import events
 from rtj_operator.api import ConditionStatus
+from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.conditions import set_condition, state_from_conditions
 from rtj_operator.decide.startup import STARTUP_FAILURES_TO_FAIL
-from rtj_operator.progress import format_time, parse_report, parse_time
+from rtj_operator.progress import parse_report
 
 STALL = 60
 OWN_SCRIPT: dict[str, Any] = {
@@ -48,14 +50,14 @@ def serve(
     """Worker `index`'s pod serves the report rtj-launch makes of its ranks, now."""
     body: dict[str, Any] = {
         "v": 1,
-        "time": format_time(world.now),
+        "time": format_rfc3339(world.now),
         "nodeRank": index,
         "restarts": {"inProcess": 0, "inJob": 0},
         "finished": False,
-        "trainStartTime": format_time(T0),
+        "trainStartTime": format_rfc3339(T0),
         "ranks": {
             "running": running,
-            "startTime": format_time(started) if started else None,
+            "startTime": format_rfc3339(started) if started else None,
             "restartCount": 0,
         },
         "sources": {"step": source, "restarts": "Launcher"},
@@ -96,18 +98,18 @@ def condition(world: World, type_: str) -> dict[str, Any] | None:
 
 def test_a_script_that_reports_no_step_is_never_stalled_but_unknown() -> None:
     world = own_world()
-    stalled = world.condition(events.COND_STALLED)
-    assert (stalled["status"], stalled["reason"]) == ("Unknown", events.REASON_STEPS_NOT_REPORTED)
+    stalled = world.condition(cond.COND_STALLED)
+    assert (stalled["status"], stalled["reason"]) == ("Unknown", cond.REASON_STEPS_NOT_REPORTED)
     assert stalled["message"].startswith("no worker has reported progress yet")
     serve_all(world)
     world.reconcile()
-    stalled = world.condition(events.COND_STALLED)
+    stalled = world.condition(cond.COND_STALLED)
     assert stalled["status"] == "Unknown" and "spec.progress.stepLogPattern" in stalled["message"]
     assert world.status()["progress"]["sources"] == {"step": "NotReported", "restarts": "Launcher"}
     assert "step" not in world.status()["progress"]
     world.tick(10 * STALL)
     world.reconcile()
-    assert world.condition(events.COND_STALLED)["status"] == "Unknown"
+    assert world.condition(cond.COND_STALLED)["status"] == "Unknown"
     assert events.TRAINING_STALLED not in world.reasons()
     assert world.status()["state"] == "Running"
 
@@ -115,13 +117,13 @@ def test_a_script_that_reports_no_step_is_never_stalled_but_unknown() -> None:
 def test_a_declared_pattern_that_matches_nothing_is_a_stall() -> None:
     world = own_world(progress={"stepLogPattern": r"^step (?P<step>\d+)"})
     # Declared: judged even before the first report.
-    assert world.condition(events.COND_STALLED)["reason"] == events.REASON_NOT_STALLED
+    assert world.condition(cond.COND_STALLED)["reason"] == cond.REASON_NOT_STALLED
     serve_all(world, source="LogPattern")
-    ready_at = parse_time(world.condition(events.COND_READY)["lastTransitionTime"])
+    ready_at = parse_rfc3339(world.condition(cond.COND_READY)["lastTransitionTime"])
     assert ready_at is not None
     world.now = ready_at + timedelta(seconds=STALL)
     world.reconcile()
-    stalled = world.condition(events.COND_STALLED)
+    stalled = world.condition(cond.COND_STALLED)
     assert stalled["status"] == "True"
     assert stalled["message"].startswith(f"no training step reported in the {STALL} s")
 
@@ -130,13 +132,13 @@ def test_a_step_from_the_log_pattern_is_judged_as_the_librarys() -> None:
     world = own_world()
     serve_all(world, source="LogPattern", step=5)
     world.reconcile()
-    assert world.condition(events.COND_STALLED)["reason"] == events.REASON_NOT_STALLED
+    assert world.condition(cond.COND_STALLED)["reason"] == cond.REASON_NOT_STALLED
     progress = world.status()["progress"]
     assert (progress["step"], progress["currentStep"]) == (5, 5)
     assert progress["sources"] == {"step": "LogPattern", "restarts": "Launcher"}
     world.tick(STALL)
     world.reconcile()
-    assert world.condition(events.COND_STALLED)["status"] == "True"
+    assert world.condition(cond.COND_STALLED)["status"] == "True"
     assert world.reasons().count(events.TRAINING_STALLED) == 1
 
 
@@ -149,49 +151,49 @@ def test_without_steps_a_recovery_ends_when_every_workers_ranks_run_again() -> N
     world.reconcile()
     fail(world, 1, 1, "RuntimeError: NCCL error")
     world.reconcile()
-    recovering = world.condition(events.COND_RECOVERING)
-    fault = parse_time(recovering["lastTransitionTime"])
+    recovering = world.condition(cond.COND_RECOVERING)
+    fault = parse_rfc3339(recovering["lastTransitionTime"])
     assert recovering["status"] == "True" and fault is not None
     world.reports.clear()
     world.settle()
-    assert world.condition(events.COND_READY)["status"] == "True"
+    assert world.condition(cond.COND_READY)["status"] == "True"
     # Pods ready, but the ranks not seen running since the fault: still recovering, and saying so.
     serve_all(world, started=fault - timedelta(seconds=5))
     world.reconcile()
-    recovering = world.condition(events.COND_RECOVERING)
+    recovering = world.condition(cond.COND_RECOVERING)
     assert recovering["status"] == "True"
     assert recovering["message"].endswith("waiting for the ranks of every worker to start again")
     back = fault + timedelta(seconds=20)
     serve(world, 0, started=back - timedelta(seconds=3))
     world.reconcile()
-    assert world.condition(events.COND_RECOVERING)["status"] == "True"  # worker 1's ranks are not back
+    assert world.condition(cond.COND_RECOVERING)["status"] == "True"  # worker 1's ranks are not back
     serve(world, 1, started=back, running=0)
     world.reconcile()
-    assert world.condition(events.COND_RECOVERING)["status"] == "True"  # started, but none running
+    assert world.condition(cond.COND_RECOVERING)["status"] == "True"  # started, but none running
     serve(world, 1, started=back)
     world.tick(4)
     world.reconcile()
-    recovered = world.condition(events.COND_RECOVERING)
+    recovered = world.condition(cond.COND_RECOVERING)
     assert (recovered["status"], recovered["reason"]) == ("False", events.JOB_RECOVERED)
     assert recovered["message"].startswith("the ranks of all 2 workers are running again 20 s after")
     last = world.status()["lastRecovery"]
-    assert last["reason"] == events.WORKER_FAILED and last["faultTime"] == format_time(fault)
-    assert (last["resumeTime"], last["durationSeconds"], last["step"]) == (format_time(back), 20.0, None)
+    assert last["reason"] == events.WORKER_FAILED and last["faultTime"] == format_rfc3339(fault)
+    assert (last["resumeTime"], last["durationSeconds"], last["step"]) == (format_rfc3339(back), 20.0, None)
 
 
 def test_an_in_job_restart_that_rtj_launch_timed_is_the_last_recovery() -> None:
     world = own_world()
     fault, back = T0 + timedelta(seconds=100), T0 + timedelta(seconds=112)
-    event = {"time": format_time(back), "kind": "InJobRestart", "faultTime": format_time(fault),
+    event = {"time": format_rfc3339(back), "kind": "InJobRestart", "faultTime": format_rfc3339(fault),
              "recoverySeconds": 12.4, "step": None, "source": "Launcher"}  # fmt: skip
     serve_all(world, extra={"events": [event], "restarts": {"inProcess": 0, "inJob": 1}})
     world.reconcile()
     status = world.status()
     assert status["restarts"]["inJob"] == 1
     assert status["lastRecovery"] == {
-        "reason": events.REASON_IN_JOB_RESTART,
-        "faultTime": format_time(fault),
-        "resumeTime": format_time(back),
+        "reason": cond.REASON_IN_JOB_RESTART,
+        "faultTime": format_rfc3339(fault),
+        "resumeTime": format_rfc3339(back),
         "durationSeconds": 12.4,
         "step": None,
     }
@@ -212,10 +214,10 @@ def test_restarts_inside_an_operator_recovery_belong_to_it() -> None:
     world.reconcile()
     world.reports.clear()
     world.settle()
-    fault = parse_time(world.condition(events.COND_RECOVERING)["lastTransitionTime"])
+    fault = parse_rfc3339(world.condition(cond.COND_RECOVERING)["lastTransitionTime"])
     assert fault is not None
-    during = {"time": format_time(fault + timedelta(seconds=8)), "kind": "InJobRestart",
-              "faultTime": format_time(fault + timedelta(seconds=2)), "recoverySeconds": 6.0}  # fmt: skip
+    during = {"time": format_rfc3339(fault + timedelta(seconds=8)), "kind": "InJobRestart",
+              "faultTime": format_rfc3339(fault + timedelta(seconds=2)), "recoverySeconds": 6.0}  # fmt: skip
     serve_all(world, started=fault + timedelta(seconds=8), extra={"events": [during]})
     world.reconcile()
     assert world.status()["lastRecovery"]["reason"] == events.WORKER_FAILED
@@ -229,13 +231,13 @@ def test_restarts_inside_an_operator_recovery_belong_to_it() -> None:
 
 def test_a_failed_job_is_not_ready_in_the_same_pass() -> None:
     world = running_world(failurePolicy={"maxNodeReplacements": 0})
-    assert world.condition(events.COND_READY)["status"] == "True"
+    assert world.condition(cond.COND_READY)["status"] == "True"
     fail(world, 1, 1, "boom")
     world.reconcile()
-    failed, ready = world.condition(events.COND_FAILED), world.condition(events.COND_READY)
+    failed, ready = world.condition(cond.COND_FAILED), world.condition(cond.COND_READY)
     assert (failed["status"], failed["reason"]) == ("True", events.RESTART_BUDGET_EXHAUSTED)
     assert (ready["status"], ready["reason"]) == ("False", events.RESTART_BUDGET_EXHAUSTED)
-    assert world.condition(events.COND_RECOVERING)["status"] == "False"
+    assert world.condition(cond.COND_RECOVERING)["status"] == "False"
     assert world.status()["state"] == "Failed"
 
 
@@ -245,7 +247,7 @@ def test_a_job_failed_by_an_earlier_operator_is_made_not_ready() -> None:
         {"type": "Failed", "status": "True", "reason": events.FAILED_BY_RULE, "message": "m"}
     )
     world.reconcile()
-    ready = world.condition(events.COND_READY)
+    ready = world.condition(cond.COND_READY)
     assert (ready["status"], ready["reason"]) == ("False", events.FAILED_BY_RULE)
 
 
@@ -266,7 +268,7 @@ def test_a_condition_can_be_unknown_and_flips_like_any_other() -> None:
     assert set_condition(conditions, "Stalled", status=False, now=T0, **common)
     assert set_condition(conditions, "Stalled", status=ConditionStatus.UNKNOWN, now=later, **common)
     assert conditions[0]["status"] == "Unknown"
-    assert conditions[0]["lastTransitionTime"] == format_time(later)
+    assert conditions[0]["lastTransitionTime"] == format_rfc3339(later)
     assert not set_condition(conditions, "Stalled", status=ConditionStatus.UNKNOWN, now=T0, **common)
 
 
@@ -278,10 +280,10 @@ def test_rtj_launchs_startup_verdict_fails_the_job_at_once_spending_no_budget() 
     detail = f"the training command failed the same way on 2 tries before its first step: exit 2: {MISSING}"
     fail(world, 1, 78, f"FaultReason: StartupFailed\n{detail}\n")
     world.reconcile()
-    failed = world.condition(events.COND_FAILED)
+    failed = world.condition(cond.COND_FAILED)
     assert (failed["status"], failed["reason"]) == ("True", events.STARTUP_FAILED)
     assert failed["message"] == f"worker 1 (pod train-worker-1) cannot start its training command: {detail}"
-    assert world.condition(events.COND_READY)["status"] == "False"
+    assert world.condition(cond.COND_READY)["status"] == "False"
     status = world.status()
     assert status["state"] == "Failed" and status["restarts"]["podReplacement"] == 0
     assert status.get("budget", {}).get("failuresUsed", 0) == 0
@@ -294,8 +296,8 @@ def test_a_rule_that_matches_the_startup_verdict_first_wins() -> None:
     )
     fail(world, 1, 78, "FaultReason: StartupFailed\nno luck\n")
     world.reconcile()
-    assert condition(world, events.COND_FAILED) is None
-    assert world.condition(events.COND_RECOVERING)["status"] == "True"
+    assert condition(world, cond.COND_FAILED) is None
+    assert world.condition(cond.COND_RECOVERING)["status"] == "True"
 
 
 # -- DeterministicFailure --
@@ -316,7 +318,7 @@ def test_a_failure_that_recurs_at_one_step_fails_the_job_at_once_spending_no_bud
     world = own_world()
     fail(world, 1, code, message)
     world.reconcile()
-    failed = world.condition(events.COND_FAILED)
+    failed = world.condition(cond.COND_FAILED)
     assert (failed["status"], failed["reason"]) == ("True", events.DETERMINISTIC_FAILURE)
     assert failed["message"].startswith("worker 1 (pod train-worker-1) fails the same way at the same step")
     assert ("after step 57" in failed["message"]) is message.startswith("FaultReason")
@@ -335,15 +337,15 @@ def test_a_rule_that_matches_the_deterministic_verdict_first_keeps_restarting(ru
     world = own_world(failurePolicy={"rules": [{"action": "RestartJob", **rule}]})
     fail(world, 1, 93, f"FaultReason: DeterministicFailure\n{REPEATED}\n")
     world.reconcile()
-    assert condition(world, events.COND_FAILED) is None
-    assert world.condition(events.COND_RECOVERING)["status"] == "True"
+    assert condition(world, cond.COND_FAILED) is None
+    assert world.condition(cond.COND_RECOVERING)["status"] == "True"
     assert world.status()["budget"]["failuresUsed"] == 1
 
 
 def fail_and_restart(world: World, message: str, code: int = 1) -> None:
     fail(world, 1, code, message)
     world.reconcile()
-    if condition(world, events.COND_FAILED) is not None:
+    if condition(world, cond.COND_FAILED) is not None:
         return
     world.reports.clear()
     for _ in range(10):  # past the growing backoff, however long the world stays idle before it
@@ -359,7 +361,7 @@ def test_three_pods_of_a_worker_failing_the_same_way_before_any_step_fail_the_jo
     for tries in range(1, STARTUP_FAILURES_TO_FAIL):
         # A log tail's times and process ids differ on every try: numbers aside, it is the same failure.
         fail_and_restart(world, f"12:00:0{tries} [pid {100 + tries}] Traceback ...\n{MISSING}")
-        assert condition(world, events.COND_FAILED) is None
+        assert condition(world, cond.COND_FAILED) is None
         assert entry(world, 1)["startFailures"] == tries
         assert (
             entry(world, 1)["lastStartFailure"]
@@ -367,13 +369,13 @@ def test_three_pods_of_a_worker_failing_the_same_way_before_any_step_fail_the_jo
         )
         assert "startFailures" not in entry(world, 0)
     fail_and_restart(world, f"12:00:09 [pid 109] Traceback ...\n{MISSING}")
-    failed = world.condition(events.COND_FAILED)
+    failed = world.condition(cond.COND_FAILED)
     assert (failed["status"], failed["reason"]) == ("True", events.STARTUP_FAILED)
     assert failed["message"] == (
         f"worker 1 failed the same way on {STARTUP_FAILURES_TO_FAIL} consecutive pods before any training "
         f"step: exit 1: 12:00:09 [pid 109] Traceback ... {MISSING}"
     )
-    assert world.condition(events.COND_READY)["status"] == "False"
+    assert world.condition(cond.COND_READY)["status"] == "False"
     assert world.status()["restarts"]["podReplacement"] == STARTUP_FAILURES_TO_FAIL - 1
 
 
@@ -388,11 +390,11 @@ def test_another_failure_or_a_step_between_them_starts_the_count_again() -> None
     serve_all(world, source="LogPattern", step=4)
     world.tick(1)
     world.reconcile()
-    assert world.condition(events.COND_RECOVERING)["reason"] == events.JOB_RECOVERED
+    assert world.condition(cond.COND_RECOVERING)["reason"] == events.JOB_RECOVERED
     assert "startFailures" not in entry(world, 1)
     for _ in range(STARTUP_FAILURES_TO_FAIL):
         fail_and_restart(world, "ImportError: no module named y")
-    assert condition(world, events.COND_FAILED) is None  # the first of the three had trained
+    assert condition(world, cond.COND_FAILED) is None  # the first of the three had trained
     assert entry(world, 1)["startFailures"] == STARTUP_FAILURES_TO_FAIL - 1
 
 
@@ -401,17 +403,17 @@ def test_another_failure_or_a_step_between_them_starts_the_count_again() -> None
 
 def test_settings_only_the_library_honours_are_reported_once_for_a_script_without_it() -> None:
     world = own_world(checkpoint={"storage": STORAGE, "intervalSteps": 50, "keep": 3})
-    assert condition(world, events.COND_SETTINGS_IGNORED) is None  # nothing reported yet
+    assert condition(world, cond.COND_SETTINGS_IGNORED) is None  # nothing reported yet
     serve_all(world)
     world.reconcile()
     # Reports without the library, but no training seen yet: a library's first report comes with its
     # first step, which may be minutes after the pods are Ready.
-    assert condition(world, events.COND_SETTINGS_IGNORED) is None
+    assert condition(world, cond.COND_SETTINGS_IGNORED) is None
     world.tick(STALL + 1)
     serve_all(world)
     world.reconcile()
-    ignored = world.condition(events.COND_SETTINGS_IGNORED)
-    assert (ignored["status"], ignored["reason"]) == ("True", events.REASON_LIBRARY_NOT_IN_USE)
+    ignored = world.condition(cond.COND_SETTINGS_IGNORED)
+    assert (ignored["status"], ignored["reason"]) == ("True", cond.REASON_LIBRARY_NOT_IN_USE)
     # keep is its default; inProcess is turned off (it asks for nothing).
     assert "the training script ignores spec.checkpoint.intervalSteps (" in ignored["message"]
     world.tick(30)
@@ -421,8 +423,8 @@ def test_settings_only_the_library_honours_are_reported_once_for_a_script_withou
     assert world.status()["state"] == "Running"
     serve_all(world, extra={"library": "0.1.0"})
     world.reconcile()
-    in_use = world.condition(events.COND_SETTINGS_IGNORED)
-    assert (in_use["status"], in_use["reason"]) == ("False", events.REASON_LIBRARY_IN_USE)
+    in_use = world.condition(cond.COND_SETTINGS_IGNORED)
+    assert (in_use["status"], in_use["reason"]) == ("False", cond.REASON_LIBRARY_IN_USE)
     assert in_use["message"] == "the job uses the rtj library 0.1.0"
     assert world.status()["progress"]["library"] == "0.1.0"
 
@@ -432,20 +434,20 @@ def test_a_step_from_the_log_pattern_without_the_library_shows_the_ignored_setti
     world = own_world(checkpoint={"storage": STORAGE, "intervalSteps": 50}, progress=pattern)
     serve_all(world, source="LogPattern", step=3)
     world.reconcile()
-    ignored = world.condition(events.COND_SETTINGS_IGNORED)
-    assert (ignored["status"], ignored["reason"]) == ("True", events.REASON_LIBRARY_NOT_IN_USE)
+    ignored = world.condition(cond.COND_SETTINGS_IGNORED)
+    assert (ignored["status"], ignored["reason"]) == ("True", cond.REASON_LIBRARY_NOT_IN_USE)
 
 
 def test_rtj_train_or_a_script_that_sets_nothing_for_the_library_ignores_nothing() -> None:
     library_job = running_world(checkpoint={"storage": STORAGE, "intervalSteps": 50})
     serve_all(library_job, source="Library", step=1)
     library_job.reconcile()
-    assert library_job.condition(events.COND_SETTINGS_IGNORED)["reason"] == events.REASON_LIBRARY_IN_USE
+    assert library_job.condition(cond.COND_SETTINGS_IGNORED)["reason"] == cond.REASON_LIBRARY_IN_USE
     own = own_world()
     serve_all(own)
     own.reconcile()
     own.tick(STALL + 1)
     serve_all(own)
     own.reconcile()
-    assert own.condition(events.COND_SETTINGS_IGNORED)["reason"] == events.REASON_NO_LIBRARY_SETTINGS
+    assert own.condition(cond.COND_SETTINGS_IGNORED)["reason"] == cond.REASON_NO_LIBRARY_SETTINGS
     assert events.SETTINGS_IGNORED not in own.reasons() + library_job.reasons()

@@ -9,6 +9,7 @@ from typing import Any
 
 from operator_world import SPARE, WORKER, World, job_body, lose_store_node, node_of, uids
 from rtj_operator import events
+from rtj_operator.decide import conditions as cond
 
 STORE_POD = "train-store"
 STORE_RENDEZVOUS: dict[str, Any] = {"host": "StorePod"}
@@ -67,7 +68,7 @@ def test_a_store_that_cannot_host_the_rendezvous_fails_the_job_at_once_spending_
     }
     world.pods[STORE_POD]["status"] = status
     world.reconcile()
-    failed = world.condition(events.COND_FAILED)
+    failed = world.condition(cond.COND_FAILED)
     assert (failed["status"], failed["reason"]) == ("True", events.STARTUP_FAILED)
     assert (
         failed["message"]

@@ -7,9 +7,11 @@ import json
 from datetime import timedelta
 
 from operator_world import T0, WORKER, World, node_of, running_world
+from rtj_contract.times import format_rfc3339, parse_rfc3339
 from rtj_operator import events
+from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.training import recovery_resumed, stall_deadline
-from rtj_operator.progress import format_time, parse_report, parse_time
+from rtj_operator.progress import parse_report
 
 STALL = 60  # spec.progress.stallAfterSeconds of these tests
 
@@ -19,11 +21,11 @@ def report(world: World, step: int, *, fault_free_for: float = 0.0) -> str:
     return json.dumps(
         {
             "v": 1,
-            "time": format_time(world.now - timedelta(seconds=fault_free_for)),
+            "time": format_rfc3339(world.now - timedelta(seconds=fault_free_for)),
             "step": step,
             "stepTimeSeconds": 0.5,
             "usefulStepSeconds": 1.0,
-            "trainStartTime": format_time(T0),
+            "trainStartTime": format_rfc3339(T0),
         }
     )
 
@@ -55,21 +57,21 @@ def test_the_deadline_counts_from_the_later_of_the_last_step_and_readiness() -> 
 
 def test_a_step_that_does_not_advance_is_a_stall_reported_once_and_cleared_by_the_next_step() -> None:
     world = stalled_world()
-    not_stalled = world.condition(events.COND_STALLED)
-    assert (not_stalled["status"], not_stalled["reason"]) == ("False", events.REASON_NOT_STALLED)
+    not_stalled = world.condition(cond.COND_STALLED)
+    assert (not_stalled["status"], not_stalled["reason"]) == ("False", cond.REASON_NOT_STALLED)
     assert world.status()["progress"]["currentStep"] == 10
-    advanced_at = parse_time(world.status()["progress"]["lastAdvanceTime"])
+    advanced_at = parse_rfc3339(world.status()["progress"]["lastAdvanceTime"])
     assert advanced_at == world.now
     # The operator asks to look again when the stall time is up, even with no event in between.
     plan = world.reconcile()
     assert plan.requeue_after == STALL
     world.tick(STALL - 1)
     world.reconcile()
-    assert world.condition(events.COND_STALLED)["status"] == "False"
+    assert world.condition(cond.COND_STALLED)["status"] == "False"
     world.tick(1)
     world.reconcile()
-    stalled = world.condition(events.COND_STALLED)
-    assert (stalled["status"], stalled["reason"]) == ("True", events.REASON_NO_PROGRESS)
+    stalled = world.condition(cond.COND_STALLED)
+    assert (stalled["status"], stalled["reason"]) == ("True", cond.REASON_NO_PROGRESS)
     assert stalled["message"] == (
         f"training has not advanced past step 10 for {STALL} s (spec.progress.stallAfterSeconds: {STALL})"
     )
@@ -81,7 +83,7 @@ def test_a_step_that_does_not_advance_is_a_stall_reported_once_and_cleared_by_th
     assert world.reasons().count(events.TRAINING_STALLED) == 1
     at_step(world, 11)
     world.reconcile()
-    resumed = world.condition(events.COND_STALLED)
+    resumed = world.condition(cond.COND_STALLED)
     assert (resumed["status"], resumed["reason"]) == ("False", events.TRAINING_RESUMED)
     assert world.status()["state"] == "Running"
     assert events.TRAINING_RESUMED in world.reasons()
@@ -89,11 +91,11 @@ def test_a_step_that_does_not_advance_is_a_stall_reported_once_and_cleared_by_th
 
 def test_no_first_step_after_the_workers_are_ready_is_a_stall() -> None:
     world = running_world(progress={"stallAfterSeconds": STALL})
-    ready_at = parse_time(world.condition(events.COND_READY)["lastTransitionTime"])
+    ready_at = parse_rfc3339(world.condition(cond.COND_READY)["lastTransitionTime"])
     assert ready_at is not None
     world.now = ready_at + timedelta(seconds=STALL)
     world.reconcile()
-    stalled = world.condition(events.COND_STALLED)
+    stalled = world.condition(cond.COND_STALLED)
     assert stalled["status"] == "True"
     assert stalled["message"].startswith(f"no training step reported in the {STALL} s since every worker")
 
@@ -102,14 +104,14 @@ def test_suspended_and_finished_jobs_are_not_stalled() -> None:
     world = stalled_world()
     world.tick(STALL)
     world.reconcile()
-    assert world.condition(events.COND_STALLED)["status"] == "True"
+    assert world.condition(cond.COND_STALLED)["status"] == "True"
     world.job["spec"]["suspend"] = True
     world.settle()
-    suspended = world.condition(events.COND_STALLED)
+    suspended = world.condition(cond.COND_STALLED)
     assert (suspended["status"], suspended["reason"]) == ("False", events.SUSPENDED)
     world.tick(10 * STALL)
     world.reconcile()
-    assert world.condition(events.COND_STALLED)["status"] == "False"
+    assert world.condition(cond.COND_STALLED)["status"] == "False"
 
 
 def test_a_recovery_ends_when_training_advances_not_when_its_workers_are_ready() -> None:
@@ -121,16 +123,16 @@ def test_a_recovery_ends_when_training_advances_not_when_its_workers_are_ready()
     world.node_not_ready(node_of(world, WORKER, 1))
     world.tick(11)
     world.reconcile()
-    recovering = world.condition(events.COND_RECOVERING)
+    recovering = world.condition(cond.COND_RECOVERING)
     assert (recovering["status"], recovering["reason"]) == ("True", events.NODE_LOST)
     fault_time = recovering["lastTransitionTime"]
     # While the operator restarts the worker, stalls are not judged.
-    assert world.condition(events.COND_STALLED)["reason"] == events.REASON_WORKERS_NOT_READY
+    assert world.condition(cond.COND_STALLED)["reason"] == cond.REASON_WORKERS_NOT_READY
     world.reports.clear()  # the lost pod's report is gone with it; the survivor's ran on to step 40
     world.settle()
-    assert world.condition(events.COND_READY)["status"] == "True"
+    assert world.condition(cond.COND_READY)["status"] == "True"
     # Every pod is ready, but no step yet: still recovering, and saying what it waits for.
-    recovering = world.condition(events.COND_RECOVERING)
+    recovering = world.condition(cond.COND_RECOVERING)
     assert recovering["status"] == "True" and recovering["reason"] == events.NODE_LOST
     assert recovering["message"].endswith("waiting for training to advance past step 40")
     assert world.status()["state"] == "Recovering"
@@ -139,18 +141,18 @@ def test_a_recovery_ends_when_training_advances_not_when_its_workers_are_ready()
     at_step(world, 30)
     world.tick(3)
     world.reconcile()
-    assert world.condition(events.COND_RECOVERING)["status"] == "True"
+    assert world.condition(cond.COND_RECOVERING)["status"] == "True"
     # ... the first step after it is.
     at_step(world, 31)
     world.tick(2)
     world.reconcile()
-    recovered = world.condition(events.COND_RECOVERING)
+    recovered = world.condition(cond.COND_RECOVERING)
     assert (recovered["status"], recovered["reason"]) == ("False", events.JOB_RECOVERED)
     assert world.status()["state"] == "Running"
     last = world.status()["lastRecovery"]
     assert last["reason"] == events.NODE_LOST and last["faultTime"] == fault_time
-    assert last["resumeTime"] == format_time(world.now) and last["step"] == 31
-    fault = parse_time(fault_time)
+    assert last["resumeTime"] == format_rfc3339(world.now) and last["step"] == 31
+    fault = parse_rfc3339(fault_time)
     assert fault is not None
     assert last["durationSeconds"] == (world.now - fault).total_seconds()
     assert world.reasons().count(events.JOB_RECOVERED) == 1
@@ -160,15 +162,15 @@ def test_a_restart_that_never_resumes_training_is_a_stall() -> None:
     world = stalled_world()
     world.set_pod(WORKER, 1, lambda p: p["status"].update(phase="Failed", conditions=[]))
     world.reconcile()
-    assert world.condition(events.COND_RECOVERING)["status"] == "True"
+    assert world.condition(cond.COND_RECOVERING)["status"] == "True"
     world.reports.clear()
     world.settle()
-    ready_at = parse_time(world.condition(events.COND_READY)["lastTransitionTime"])
-    assert ready_at is not None and world.condition(events.COND_STALLED)["status"] == "False"
+    ready_at = parse_rfc3339(world.condition(cond.COND_READY)["lastTransitionTime"])
+    assert ready_at is not None and world.condition(cond.COND_STALLED)["status"] == "False"
     world.now = ready_at + timedelta(seconds=STALL)
     world.reconcile()
-    assert world.condition(events.COND_STALLED)["status"] == "True"
-    assert world.condition(events.COND_RECOVERING)["status"] == "True"
+    assert world.condition(cond.COND_STALLED)["status"] == "True"
+    assert world.condition(cond.COND_RECOVERING)["status"] == "True"
     assert world.status()["state"] == "Stalled"
 
 
@@ -188,7 +190,7 @@ def test_a_job_whose_trainer_reports_nothing_recovers_when_its_workers_are_ready
     world = running_world()
     world.set_pod(WORKER, 0, lambda p: p["status"].update(phase="Failed", conditions=[]))
     world.settle()
-    recovered = world.condition(events.COND_RECOVERING)
+    recovered = world.condition(cond.COND_RECOVERING)
     assert (recovered["status"], recovered["reason"]) == ("False", events.JOB_RECOVERED)
     assert recovered["message"].startswith("all 2 workers are ready again")
     assert world.status()["lastRecovery"]["step"] is None  # no step to tell

@@ -35,6 +35,7 @@ from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.ports import reserve_port_pair
 from rtj_localcluster.testing import kubectl, wait_for
 from rtj_operator import events, names
+from rtj_operator.decide import conditions as cond
 from rtj_operator.main import EmbeddedOperator
 from rtj_operator.nodehealth import NodeHealth
 from rtj_trainer.library import checkpoint, progress
@@ -275,9 +276,7 @@ def test_cordon_drain_karpenter_and_spot_notice_are_disruptions_and_a_node_loss_
 
 def drain_waiting(kubeconfig: Path, namespace: str, job: str) -> dict[str, Any] | None:
     conditions = job_status(kubeconfig, namespace, job).get("conditions") or []
-    found: dict[str, Any] | None = next(
-        (c for c in conditions if c["type"] == events.COND_DRAIN_WAITING), None
-    )
+    found: dict[str, Any] | None = next((c for c in conditions if c["type"] == cond.COND_DRAIN_WAITING), None)
     return found
 
 
@@ -305,11 +304,11 @@ def test_a_drain_held_by_the_jobs_disruption_budget_waits_and_the_job_says_so(
             timeout=30,
             message="DrainWaiting=True",
         )
-        assert waiting["reason"] == events.REASON_POD_DISRUPTION_BUDGET
+        assert waiting["reason"] == cond.REASON_POD_DISRUPTION_BUDGET
         assert f"worker 1 on {node} (Cordoned)" in waiting["message"], waiting
         pod = pods(kubeconfig, namespace, "held")["held-worker-1"]
         assert pod["metadata"]["uid"] == uid and not pod["metadata"].get("deletionTimestamp")
-        assert events.COND_DRAIN_WAITING in event_reasons(kubeconfig, namespace, "held")
+        assert cond.COND_DRAIN_WAITING in event_reasons(kubeconfig, namespace, "held")
         kubectl(kubeconfig, "uncordon", node)
         wait_for(
             lambda: (drain_waiting(kubeconfig, namespace, "held") or {}).get("status") == "False",

@@ -40,8 +40,8 @@ from rtj_localcluster.ports import reserve_port
 from rtj_localcluster.testing import kubectl, stop_process, wait_for
 from rtj_operator import constants, events
 from rtj_operator.main import EXIT_LOST, EmbeddedOperator, RuntimeOptions
+from rtj_operator.runtime.api_liveness import LivenessSettings
 from rtj_operator.runtime.leader import LeaderElectionSettings
-from rtj_operator.runtime.sight import SightSettings
 from test_operator_command import fetch
 
 pytestmark = pytest.mark.slow
@@ -198,7 +198,9 @@ def test_silent_stall_and_outage_neither_blind_the_operator_nor_fool_its_livenes
     fails during it and passes again after it."""
     kc = cluster.kubeconfig_path
     port = reserve_port()
-    options = RuntimeOptions(sight=SightSettings(stale_after_seconds=10.0, ping_interval_seconds=2.0))
+    options = RuntimeOptions(
+        liveness_settings=LivenessSettings(stale_after_seconds=10.0, ping_interval_seconds=2.0)
+    )
     with ApiProxy(cluster.url) as proxy:
         via = kubeconfig_via(kc, proxy, tmp_path / "via-proxy.kubeconfig")
         operator = EmbeddedOperator(
@@ -257,13 +259,13 @@ def test_credentials_the_server_keeps_refusing_end_the_operator(kubeconfig: Path
     broken = tmp_path / "wrong-ca.kubeconfig"
     broken.write_text(yaml.safe_dump(config))
     assert base64.b64decode(wrong_ca).startswith(b"-----BEGIN CERTIFICATE-----")
-    options = RuntimeOptions(sight=SightSettings(ping_interval_seconds=1.0, fatal_failures=3))
+    options = RuntimeOptions(liveness_settings=LivenessSettings(ping_interval_seconds=1.0, fatal_failures=3))
     operator = EmbeddedOperator(str(broken), namespaces=["default"], options=options).start()
     wait_for(lambda: not operator.running, timeout=120, message="the operator to exit")
     operator.stop()
     assert operator.exit_code == EXIT_LOST
-    assert operator.context is not None and operator.context.sight.credential_failures >= 3
-    assert "CERTIFICATE_VERIFY_FAILED" in operator.context.sight.last_failure
+    assert operator.context is not None and operator.context.api_liveness.credential_failures >= 3
+    assert "CERTIFICATE_VERIFY_FAILED" in operator.context.api_liveness.last_failure
 
 
 def test_spec_patches_create_no_base_child_after_the_first(kubeconfig: Path, tmp_path: Path) -> None:

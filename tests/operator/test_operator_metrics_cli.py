@@ -10,7 +10,7 @@ import pytest
 import urllib3
 from rtj_operator import metrics
 from rtj_operator.main import build_parser
-from rtj_operator.runtime import sight
+from rtj_operator.runtime import api_liveness
 
 
 def sample(name: str, labels: dict[str, str] | None = None) -> float | None:
@@ -143,7 +143,7 @@ def test_per_job_series_follow_status_and_go_with_the_job() -> None:
 )
 def test_failed_api_calls_are_counted_by_class(error: BaseException, failure_class: str) -> None:
     before = sample("rtj_api_errors_total", {"class": failure_class}) or 0
-    sight.ApiSight().failed(error)
+    api_liveness.ApiLiveness().failed(error)
     assert sample("rtj_api_errors_total", {"class": failure_class}) == before + 1
 
 

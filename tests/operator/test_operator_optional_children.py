@@ -8,6 +8,7 @@ from typing import Any
 
 from operator_world import T0
 from rtj_operator import api, decide, events, render
+from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.admission import PERMANENT_CODES
 from rtj_operator.runtime.kube import REQUIRED_PERMISSIONS, RESOURCES
 
@@ -51,6 +52,6 @@ def test_a_kind_the_cluster_does_not_serve_is_a_rejected_child() -> None:
     )
     status, changed, emitted = decide.record_refusal({}, 1, refusal, T0)
     blocked = status["conditions"][0]
-    assert changed and (blocked["type"], blocked["status"]) == (events.COND_BLOCKED, "True")
+    assert changed and (blocked["type"], blocked["status"]) == (cond.COND_BLOCKED, "True")
     assert blocked["reason"] == events.CHILD_REJECTED and "could not find" in blocked["message"]
     assert [(e.type, e.reason) for e in emitted] == [(events.WARNING, events.CHILD_REJECTED)]

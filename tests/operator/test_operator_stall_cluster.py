@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 from operator_cluster import apply, event_reasons, install_crd, job_manifest, job_status, new_namespace
+from rtj_contract.times import parse_rfc3339
 from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.testing import kubectl, wait_for
 from rtj_operator import constants, events, status_cli
+from rtj_operator.decide import conditions as cond
 from rtj_operator.main import EmbeddedOperator
-from rtj_operator.progress import parse_time
 
 pytestmark = pytest.mark.slow
 
@@ -105,7 +106,7 @@ def test_a_job_whose_step_stops_is_stalled_then_resumes_and_recovers_only_when_t
             # The pod is Ready all along: only the step says training stopped.
             assert condition(stalled, "Ready")["status"] == "True"
             stall = condition(stalled, "Stalled")
-            assert (stall["status"], stall["reason"]) == ("True", events.REASON_NO_PROGRESS)
+            assert (stall["status"], stall["reason"]) == ("True", cond.REASON_NO_PROGRESS)
             assert "past step 5" in stall["message"]
             assert stalled["progress"]["currentStep"] == 5
             assert events.TRAINING_STALLED in event_reasons(kubeconfig, namespace, "stall")
@@ -147,8 +148,8 @@ def test_a_job_whose_step_stops_is_stalled_then_resumes_and_recovers_only_when_t
             )
             last = recovered["lastRecovery"]
             assert last["reason"] == events.WORKER_DISRUPTED
-            ready_again = parse_time(condition(recovered, "Ready")["lastTransitionTime"])
-            resume, fault = parse_time(last["resumeTime"]), parse_time(last["faultTime"])
+            ready_again = parse_rfc3339(condition(recovered, "Ready")["lastTransitionTime"])
+            resume, fault = parse_rfc3339(last["resumeTime"]), parse_rfc3339(last["faultTime"])
             assert ready_again is not None and resume is not None and fault is not None
             # The pod was ready before training was: the recovery lasted past its first-step delay.
             assert resume > ready_again and last["durationSeconds"] >= FIRST_STEP_DELAY

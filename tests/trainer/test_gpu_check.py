@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from rtj_trainer.library import env
-from rtj_trainer.rehearsal import faults
+from rtj_trainer.rehearsal import fault_injection
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
 
@@ -33,7 +33,7 @@ gpu_check = load_gpu_check()
 @pytest.mark.parametrize("nproc", [1, 2, 8])
 def test_the_plan_is_one_fault_per_layer_in_the_trainers_syntax(nproc: int) -> None:
     plan = gpu_check.fault_plan(nproc)
-    parsed = faults.parse_faults(gpu_check.faults_spec(plan))
+    parsed = fault_injection.parse_faults(gpu_check.faults_spec(plan))
     assert [(f.kind, f.step, f.ranks) for f in parsed] == [(f.kind, f.step, (f.rank,)) for f in plan]
     assert {f.kind for f in plan} == {"exception", "sigkill", "hang"}
     assert all(0 <= f.rank < nproc for f in plan)

@@ -157,10 +157,14 @@ def test_job_settings_are_a_read_only_view_of_the_environment_contract() -> None
         {"RTJ_CHECKPOINT_INTERVAL_STEPS": "7", "RTJ_LAUNCH_MODE": "supervisor", "RTJ_STORE_HOST": "store"}
         | {"RTJ_ACTIVE_WORLD_SIZE": "4"}
     )
-    seen = (settings.checkpoint_interval_steps, settings.supervised, settings.active_world_size)
+    seen = (settings.checkpoint_interval_steps, settings.supervisor_mode, settings.active_world_size)
     assert seen == (7, True, 4)
     defaults = rtj_trainer.JobSettings.from_environ({})
-    assert (defaults.checkpoint_mode, defaults.supervised, defaults.active_world_size) == ("Async", False, 0)
+    assert (defaults.checkpoint_mode, defaults.supervisor_mode, defaults.active_world_size) == (
+        "Async",
+        False,
+        0,
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.checkpoint_keep = 1  # type: ignore[misc]
     with pytest.raises(ValueError, match="RTJ_ACTIVE_WORLD_SIZE"):

@@ -173,7 +173,7 @@ def test_under_the_supervisor_launcher_the_lock_holder_reports_until_its_process
     for name, value in pod.items():
         monkeypatch.setenv(name, value)
     settings = _settings(tmp_path, **pod)
-    assert settings.supervised
+    assert settings.supervisor_mode
     holder = subprocess.Popen(
         [sys.executable, "-c", LOCK_HOLDER_PROGRAM, str(tmp_path / "checkpoints")],
         stdin=subprocess.PIPE,

@@ -136,7 +136,7 @@ def test_the_contract_names_what_is_wrong() -> None:
         _env(RTJ_SLOT="4")
     with pytest.raises(EnvError, match="RTJ_MEMORY_INTERVAL_STEPS=-1"):
         _env(RTJ_MEMORY_INTERVAL_STEPS="-1")
-    assert _env().supervised and not TrainerEnv.from_environ({}).supervised
+    assert _env().supervisor_mode and not TrainerEnv.from_environ({}).supervisor_mode
 
 
 @pytest.mark.parametrize(

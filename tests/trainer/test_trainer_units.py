@@ -15,7 +15,7 @@ import torch
 from rtj_contract import env as env_names
 from rtj_operator import api, render
 from rtj_trainer.library import checkpoint, env, progress
-from rtj_trainer.rehearsal import faults
+from rtj_trainer.rehearsal import fault_injection
 from rtj_trainer.runtime import launch, rankshim
 
 NVRX_0_4_1 = (0, 4, 1)
@@ -301,7 +301,7 @@ def test_a_single_rank_gets_a_master_port_with_its_two_store_ports_free(
 
 
 def test_fault_plan_parses_the_documented_example() -> None:
-    plan = faults.parse_faults(
+    plan = fault_injection.parse_faults(
         "exception@step=30,rank=1;sigkill@step=60,rank=2;hang@step=90,rank=3;exception@p=0.01,seed=7"
     )
     assert [(f.kind, f.step, f.ranks) for f in plan[:3]] == [
@@ -310,8 +310,8 @@ def test_fault_plan_parses_the_documented_example() -> None:
         ("hang", 90, (3,)),
     ]
     assert plan[3].probability == 0.01 and plan[3].seed == 7 and plan[3].ranks is None
-    assert faults.parse_faults("") == ()
-    assert faults.parse_faults("exception@step=1,rank=0+2")[0].ranks == (0, 2)
+    assert fault_injection.parse_faults("") == ()
+    assert fault_injection.parse_faults("exception@step=1,rank=0+2")[0].ranks == (0, 2)
 
 
 @pytest.mark.parametrize(
@@ -328,34 +328,36 @@ def test_fault_plan_parses_the_documented_example() -> None:
     ],
 )
 def test_fault_plan_rejects_bad_input(text: str) -> None:
-    with pytest.raises(faults.FaultPlanError):
-        faults.parse_faults(text)
+    with pytest.raises(fault_injection.FaultPlanError):
+        fault_injection.parse_faults(text)
 
 
 def test_step_fault_fires_once_across_restarts(tmp_path: Path) -> None:
-    plan = faults.parse_faults("exception@step=3,rank=1")
-    first = faults.FaultInjector(plan, tmp_path, rank=1)
+    plan = fault_injection.parse_faults("exception@step=3,rank=1")
+    first = fault_injection.FaultInjector(plan, tmp_path, rank=1)
     first.maybe_fire(2)
-    with pytest.raises(faults.InjectedFaultError):
+    with pytest.raises(fault_injection.InjectedFaultError):
         first.maybe_fire(3)
     # A restarted process (new injector, same checkpoint dir) passes step 3 again without firing.
-    faults.FaultInjector(plan, tmp_path, rank=1).maybe_fire(3)
+    fault_injection.FaultInjector(plan, tmp_path, rank=1).maybe_fire(3)
     # Other ranks never fire it.
-    faults.FaultInjector(faults.parse_faults("exception@step=4,rank=1"), tmp_path, rank=0).maybe_fire(4)
+    fault_injection.FaultInjector(
+        fault_injection.parse_faults("exception@step=4,rank=1"), tmp_path, rank=0
+    ).maybe_fire(4)
     fired = first.fired_since(0)
     assert [(f.kind, f.step, f.rank) for f in fired] == [("exception", 3, 1)]
 
 
 def test_probabilistic_faults_are_seeded_and_fire_near_their_rate(tmp_path: Path) -> None:
-    (fault,) = faults.parse_faults("exception@p=0.1,seed=7")
+    (fault,) = fault_injection.parse_faults("exception@p=0.1,seed=7")
     due = [s for s in range(2000) if fault.due(s, rank=0)]
     assert due == [s for s in range(2000) if fault.due(s, rank=0)]
     assert 120 < len(due) < 280
-    injector = faults.FaultInjector((fault,), tmp_path, rank=0)
-    with pytest.raises(faults.InjectedFaultError):
+    injector = fault_injection.FaultInjector((fault,), tmp_path, rank=0)
+    with pytest.raises(fault_injection.InjectedFaultError):
         injector.maybe_fire(due[0])
     injector.maybe_fire(due[0])  # claimed: a resume at the same step does not fire again
-    with pytest.raises(faults.InjectedFaultError):
+    with pytest.raises(fault_injection.InjectedFaultError):
         injector.maybe_fire(due[1])
 
 

@@ -1,6 +1,6 @@
 """The operator's decisions: `reconcile(job, observed, now) -> Plan`, pure, one module per policy.
 
-`rtj_operator.runtime.passes` builds a `JobView` and an `Observed` (see `rtj_operator.observe`),
+`rtj_operator.runtime.job_pass` builds a `JobView` and an `Observed` (see `rtj_operator.observe`),
 calls `reconcile`, writes `Plan.status` first and applies `Plan.actions` after. Nothing here does I/O.
 
 Writing status before acting is what makes the counters exact across operator crashes. Each worker

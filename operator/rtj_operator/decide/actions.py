@@ -1,6 +1,6 @@
 """What a decision asks for: the actions on the API, the Events to post, and the plan that holds them.
 
-`rtj_operator.decide.reconcile` returns a `Plan`; `rtj_operator.runtime.passes` writes `Plan.status`
+`rtj_operator.decide.reconcile` returns a `Plan`; `rtj_operator.runtime.job_pass` writes `Plan.status`
 first and then hands each action to `rtj_operator.runtime.kube`, which carries it out idempotently.
 Nothing here does I/O.
 """

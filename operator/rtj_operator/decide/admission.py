@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from rtj_contract.times import parse_rfc3339
+
 from rtj_operator import events
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import CreateObject, Event
 from rtj_operator.decide.state import WORKER, PassState
-from rtj_operator.progress import parse_time
 
 # A refused child is tried again this long after the last refusal even if the spec did not change.
 REFUSAL_RECHECK_SECONDS = 300.0
@@ -65,9 +66,9 @@ def _blocked(conditions: list[dict[str, Any]]) -> dict[str, Any] | None:
         (
             c
             for c in conditions
-            if c.get("type") == events.COND_BLOCKED
+            if c.get("type") == cond.COND_BLOCKED
             and c.get("status") == "True"
-            and c.get("reason") in events.REFUSAL_REASONS
+            and c.get("reason") in cond.REFUSAL_REASONS
         ),
         None,
     )
@@ -88,7 +89,7 @@ def record_refusal(
     )
     cond.set_condition(
         conditions,
-        events.COND_BLOCKED,
+        cond.COND_BLOCKED,
         status=True,
         reason=reason,
         message=message,
@@ -107,7 +108,7 @@ def held_until(run: PassState) -> datetime | None:
     blocked = _blocked(run.conditions)
     if blocked is None or blocked.get("observedGeneration") != run.job.generation:
         return None  # never refused, or the spec changed since: try
-    since = run.observed.refused_at or parse_time(blocked.get("lastTransitionTime")) or run.now
+    since = run.observed.refused_at or parse_rfc3339(blocked.get("lastTransitionTime")) or run.now
     until = since + timedelta(seconds=REFUSAL_RECHECK_SECONDS)
     return until if until > run.now else None
 
@@ -128,4 +129,4 @@ def clear_refusal(run: PassState) -> None:
     if _blocked(run.conditions) is None:
         return
     if all(run.pod(WORKER, i) is not None for i in range(run.job.nodes)):
-        run.condition(events.COND_BLOCKED, False, events.REASON_NOT_BLOCKED, "every worker pod was created")
+        run.condition(cond.COND_BLOCKED, False, cond.REASON_NOT_BLOCKED, "every worker pod was created")

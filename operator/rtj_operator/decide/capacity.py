@@ -24,6 +24,7 @@ from typing import Any
 from rtj_contract.quantity import parse_quantity
 
 from rtj_operator import constants, events, render
+from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import CreateObject
 from rtj_operator.decide.state import PassState
 from rtj_operator.observe import NodeState, Toleration
@@ -173,20 +174,20 @@ def hold_pods(run: PassState) -> None:
     found = fit(pod, run.observed.nodes.values())
     if found.fitting >= run.job.nodes:
         if blocked:
-            run.condition(events.COND_BLOCKED, False, events.REASON_NOT_BLOCKED, found.message(run.job.nodes))
+            run.condition(cond.COND_BLOCKED, False, cond.REASON_NOT_BLOCKED, found.message(run.job.nodes))
         return
     run.actions = [a for a in run.actions if not (isinstance(a, CreateObject) and a.kind == "Pod")]
     run.created_pods = False
     message = found.message(run.job.nodes)
-    said = next((c.get("message") for c in run.conditions if c.get("type") == events.COND_BLOCKED), None)
-    flipped = run.condition(events.COND_BLOCKED, True, events.INSUFFICIENT_NODES, message)
+    said = next((c.get("message") for c in run.conditions if c.get("type") == cond.COND_BLOCKED), None)
+    flipped = run.condition(cond.COND_BLOCKED, True, events.INSUFFICIENT_NODES, message)
     if flipped or said != message:
         run.event(events.WARNING, events.INSUFFICIENT_NODES, message)
 
 
 def _capacity_blocked(run: PassState) -> bool:
     return any(
-        c.get("type") == events.COND_BLOCKED
+        c.get("type") == cond.COND_BLOCKED
         and c.get("status") == "True"
         and c.get("reason") == events.INSUFFICIENT_NODES
         for c in run.conditions

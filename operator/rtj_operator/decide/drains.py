@@ -15,6 +15,7 @@ Pure: the pass state in, a condition and an Event out.
 from __future__ import annotations
 
 from rtj_operator import events, names
+from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.node_problems import node_disruption
 from rtj_operator.decide.state import WORKER, PassState
 
@@ -28,7 +29,7 @@ def watch_drains(run: PassState) -> None:
     allowed = max(budget.max_unavailable - unavailable, 0)
     if len(held) <= allowed:
         run.condition(
-            events.COND_DRAIN_WAITING, False, events.REASON_NO_DRAIN_WAITING, "no drain waits for the job"
+            cond.COND_DRAIN_WAITING, False, cond.REASON_NO_DRAIN_WAITING, "no drain waits for the job"
         )
         return
     which = ", ".join(f"worker {index} on {node} ({signal})" for index, node, signal in held)
@@ -37,8 +38,8 @@ def watch_drains(run: PassState) -> None:
         f"(maxUnavailable {budget.max_unavailable}) lets {allowed} more go, so a drain of these nodes "
         "waits until the job ends, the budget is raised or removed, or the node is uncordoned"
     )
-    if run.condition(events.COND_DRAIN_WAITING, True, events.REASON_POD_DISRUPTION_BUDGET, message):
-        run.event(events.WARNING, events.COND_DRAIN_WAITING, message)
+    if run.condition(cond.COND_DRAIN_WAITING, True, cond.REASON_POD_DISRUPTION_BUDGET, message):
+        run.event(events.WARNING, cond.COND_DRAIN_WAITING, message)
 
 
 def held_workers(run: PassState) -> list[tuple[int, str, str]]:

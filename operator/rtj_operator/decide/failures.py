@@ -42,9 +42,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from rtj_contract import termination
+from rtj_contract.times import format_rfc3339, parse_rfc3339
 
 from rtj_operator import constants, disruptions, events
 from rtj_operator.api import EntryState, ExitCodeOperator, FailureAction, FailureRule, FaultClass
+from rtj_operator.decide import conditions as cond
 from rtj_operator.decide import repeated, startup
 from rtj_operator.decide.actions import TaintNode
 from rtj_operator.decide.node_problems import NodeProblem, node_disruption
@@ -59,7 +61,6 @@ from rtj_operator.decide.state import (
     PassState,
 )
 from rtj_operator.observe import PodState
-from rtj_operator.progress import format_time, parse_time
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,7 @@ def handle_losses(run: PassState, losses: list[Loss]) -> bool:
         return False
     _count(run, charged)
     lead = verdicts[0].loss
-    run.condition(events.COND_RECOVERING, True, lead.event_reason, lead.message)
+    run.condition(cond.COND_RECOVERING, True, lead.event_reason, lead.message)
     _choose_scope(run, verdicts)
     return True
 
@@ -358,7 +359,7 @@ def _forget_old_faults(run: PassState) -> None:
     windows = {b.fault_class.value: b.window_seconds for b in run.job.model.spec.failure_policy.budgets}
     kept = []
     for cls, when in run.budget.recent:
-        moment = parse_time(when)
+        moment = parse_rfc3339(when)
         if cls in windows and moment is not None and run.now - moment < timedelta(seconds=windows[cls]):
             kept.append((cls, when))
     run.budget.recent = kept
@@ -371,7 +372,7 @@ def _count(run: PassState, charged: list[Verdict]) -> None:
     run.budget.disruptions += sum(1 for v in counted if v.fault_class == FaultClass.DISRUPTION)
     run.budget.ignored += len(charged) - len(counted)
     run.budget.recent += [
-        (v.fault_class.value, format_time(run.now)) for v in counted if v.fault_class in windowed
+        (v.fault_class.value, format_rfc3339(run.now)) for v in counted if v.fault_class in windowed
     ]
     # A disruption is no crash loop: it never lengthens the backoff of the replacements after it.
     if any(v.fault_class != FaultClass.DISRUPTION for v in counted):
@@ -391,8 +392,10 @@ def _count(run: PassState, charged: list[Verdict]) -> None:
 def _grow_backoff_series(run: PassState) -> None:
     """A fault after the job was Ready for backoffResetSeconds starts a new series."""
     reset = timedelta(seconds=run.job.model.spec.failure_policy.backoff_reset_seconds)
-    ready = next((c for c in run.conditions if c.get("type") == events.COND_READY), None)
-    since = parse_time(ready.get("lastTransitionTime")) if ready and ready.get("status") == "True" else None
+    ready = next((c for c in run.conditions if c.get("type") == cond.COND_READY), None)
+    since = (
+        parse_rfc3339(ready.get("lastTransitionTime")) if ready and ready.get("status") == "True" else None
+    )
     if since is not None and run.now - since >= reset:
         run.budget.consecutive_faults = 0
     run.budget.consecutive_faults += 1
@@ -486,11 +489,11 @@ def _fail_budget(run: PassState, used: str, verdicts: list[Verdict]) -> None:
 
 def _fail(run: PassState, reason: str, message: str) -> None:
     """Failed, and in the same status write neither Ready nor Recovering: nothing runs any more."""
-    run.condition(events.COND_FAILED, True, reason, message)
-    run.condition(events.COND_READY, False, reason, "the job failed")
-    run.condition(events.COND_RECOVERING, False, reason, "the job failed")
+    run.condition(cond.COND_FAILED, True, reason, message)
+    run.condition(cond.COND_READY, False, reason, "the job failed")
+    run.condition(cond.COND_RECOVERING, False, reason, "the job failed")
     run.event(events.WARNING, reason, message)
-    run.completion_time = run.completion_time or format_time(run.now)
+    run.completion_time = run.completion_time or format_rfc3339(run.now)
     run.remove_all_pods()
 
 
@@ -517,7 +520,7 @@ def attribute_late_node_loss(run: PassState, entry: Entry, pod: PodState) -> Non
 
 def _fault_recorded_since(run: PassState, pod: PodState) -> bool:
     record = next((f for f in run.faults if f.node_name == pod.node_name), None)
-    last = parse_time(record.last_time) if record is not None else None
+    last = parse_rfc3339(record.last_time) if record is not None else None
     return last is not None and (pod.created is None or last >= pod.created)
 
 
@@ -532,7 +535,7 @@ def record_node_fault(run: PassState, node: str, problem: NodeProblem) -> None:
         run.faults.append(record)
     record.count += 1
     record.last_reason = problem.reason
-    record.last_time = format_time(run.now)
+    record.last_time = format_rfc3339(run.now)
     if any(e.node_name == node for e in run.excluded):
         return
     threshold = run.job.policy.repeat_offender_threshold
@@ -544,7 +547,7 @@ def _exclude(
     run: PassState, node: str, problem: NodeProblem, record: NodeFaultRecord, threshold: int
 ) -> None:
     why = problem.reason if problem.permanent else "RepeatOffender"
-    run.excluded.append(ExcludedNodeRecord(node, why, format_time(run.now)))
+    run.excluded.append(ExcludedNodeRecord(node, why, format_rfc3339(run.now)))
     detail = problem.message if problem.permanent else f"{record.count} faults (threshold {threshold})"
     run.event(events.WARNING, events.NODE_EXCLUDED, f"node {node} excluded for this job: {detail}")
     if run.job.policy.taint_excluded_nodes and node in run.observed.nodes:

@@ -12,6 +12,7 @@ run are left alone; only creates are held. Pure.
 from __future__ import annotations
 
 from rtj_operator import events
+from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import CreateObject
 from rtj_operator.decide.state import PassState
 
@@ -30,7 +31,7 @@ def _blocked_by_policy(run: PassState) -> str | None:
         (
             str(c.get("message"))
             for c in run.conditions
-            if c.get("type") == events.COND_BLOCKED
+            if c.get("type") == cond.COND_BLOCKED
             and c.get("status") == "True"
             and c.get("reason") == events.FILE_SYSTEM_NOT_ALLOWED
         ),
@@ -45,15 +46,15 @@ def hold_disallowed(run: PassState) -> None:
     if message is None:
         if said is not None:
             run.condition(
-                events.COND_BLOCKED,
+                cond.COND_BLOCKED,
                 False,
-                events.REASON_NOT_BLOCKED,
+                cond.REASON_NOT_BLOCKED,
                 "the checkpoint file system is allowed for the namespace",
             )
         return
     run.actions = [a for a in run.actions if not isinstance(a, CreateObject)]
     run.created_pods = False
     run.holding = True
-    run.condition(events.COND_BLOCKED, True, events.FILE_SYSTEM_NOT_ALLOWED, message)
+    run.condition(cond.COND_BLOCKED, True, events.FILE_SYSTEM_NOT_ALLOWED, message)
     if said != message:
         run.event(events.WARNING, events.FILE_SYSTEM_NOT_ALLOWED, message)

@@ -73,20 +73,20 @@ def watch_settings(run: PassState) -> None:
     if version is not None or runs_library_program(spec):
         uses = f"the rtj library {version}" if version else f"{LIBRARY_PROGRAM}, the rtj library's program"
         message = f"the job uses {uses}"
-        run.condition(events.COND_SETTINGS_IGNORED, False, events.REASON_LIBRARY_IN_USE, message)
+        run.condition(cond.COND_SETTINGS_IGNORED, False, cond.REASON_LIBRARY_IN_USE, message)
         return
     if not _trains_without_library(run):
         return
     ignored = ignored_settings(spec)
     if not ignored:
         message = "the workers report no rtj library, and the spec sets no field only the library honours"
-        run.condition(events.COND_SETTINGS_IGNORED, False, events.REASON_NO_LIBRARY_SETTINGS, message)
+        run.condition(cond.COND_SETTINGS_IGNORED, False, cond.REASON_NO_LIBRARY_SETTINGS, message)
         return
     message = (
         f"the workers report no rtj library, so the training script ignores spec.{', spec.'.join(ignored)} "
         "(they apply to training scripts that use the rtj library, as rtj-train does)"
     )
-    if run.condition(events.COND_SETTINGS_IGNORED, True, events.REASON_LIBRARY_NOT_IN_USE, message):
+    if run.condition(cond.COND_SETTINGS_IGNORED, True, cond.REASON_LIBRARY_NOT_IN_USE, message):
         run.event(events.WARNING, events.SETTINGS_IGNORED, message)  # once, when it turns True
 
 

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from rtj_contract.times import format_rfc3339, parse_rfc3339
+
 from rtj_operator import constants, events, render
 from rtj_operator.api import EntryState
 from rtj_operator.decide import conditions as cond
@@ -25,7 +27,6 @@ from rtj_operator.decide import milestones, training
 from rtj_operator.decide.actions import Action, CreateObject, DeleteJob, DeleteObject, Event, TaintNode
 from rtj_operator.decide.state import SPARE, STORE, STORE_KEY, WORKER, PassState
 from rtj_operator.observe import JobView
-from rtj_operator.progress import format_time, parse_time
 
 # The Ready condition names at most this many workers whose containers cannot start.
 MAX_WAITING_LISTED = 3
@@ -37,14 +38,14 @@ def finished(run: PassState) -> bool:
 
 def resume(run: PassState) -> None:
     """The job is not suspended: clear a Suspended condition and want the suspended pods again."""
-    if cond.condition_true(run.conditions, events.COND_SUSPENDED):
-        run.condition(events.COND_SUSPENDED, False, events.RESUMED, "spec.suspend is false")
+    if cond.condition_true(run.conditions, cond.COND_SUSPENDED):
+        run.condition(cond.COND_SUSPENDED, False, events.RESUMED, "spec.suspend is false")
         run.event(events.NORMAL, events.RESUMED, "job resumed: recreating workers")
         for entry in run.entries.values():
             if entry.state == EntryState.SUSPENDED:
                 entry.reset()
-    elif not cond.condition_set(run.conditions, events.COND_SUSPENDED):
-        run.condition(events.COND_SUSPENDED, False, events.REASON_NOT_SUSPENDED, "spec.suspend is false")
+    elif not cond.condition_set(run.conditions, cond.COND_SUSPENDED):
+        run.condition(cond.COND_SUSPENDED, False, cond.REASON_NOT_SUSPENDED, "spec.suspend is false")
 
 
 def remove_surplus(run: PassState) -> None:
@@ -59,7 +60,7 @@ def remove_surplus(run: PassState) -> None:
 def mark_started(run: PassState, first_start: bool) -> None:
     """The first pass that created pods sets startTime and says so."""
     if run.created_pods and first_start:
-        run.start_time = format_time(run.now)
+        run.start_time = format_rfc3339(run.now)
         created = milestones.children_created(run.job.nodes, run.job.hot_spares)
         run.event(created.type, created.reason, created.message)
 
@@ -77,19 +78,17 @@ def update_running_conditions(run: PassState) -> None:
         _succeed(run)
         return
     if ready + succeeded == nodes and ready > 0 and _store_running(run):
-        run.condition(
-            events.COND_READY, True, events.REASON_ALL_WORKERS_READY, f"{ready}/{nodes} workers ready"
-        )
-        if cond.condition_true(run.conditions, events.COND_RECOVERING):
+        run.condition(cond.COND_READY, True, cond.REASON_ALL_WORKERS_READY, f"{ready}/{nodes} workers ready")
+        if cond.condition_true(run.conditions, cond.COND_RECOVERING):
             # Ready pods are not training: the recovery ends when the step advances (decide.training).
             if training.recovery_ended(run):
                 training.end_recovery(run)
                 return
             training.await_progress(run)
     else:
-        run.condition(events.COND_READY, False, events.REASON_WORKERS_NOT_READY, _not_ready_message(run))
-    if not cond.condition_set(run.conditions, events.COND_RECOVERING):
-        run.condition(events.COND_RECOVERING, False, events.REASON_NO_FAULT, "no fault is being recovered")
+        run.condition(cond.COND_READY, False, cond.REASON_WORKERS_NOT_READY, _not_ready_message(run))
+    if not cond.condition_set(run.conditions, cond.COND_RECOVERING):
+        run.condition(cond.COND_RECOVERING, False, cond.REASON_NO_FAULT, "no fault is being recovered")
 
 
 def _store_running(run: PassState) -> bool:
@@ -122,26 +121,26 @@ def _not_ready_message(run: PassState) -> str:
 
 def _succeed(run: PassState) -> None:
     nodes = run.job.nodes
-    run.condition(events.COND_SUCCEEDED, True, events.JOB_SUCCEEDED, f"all {nodes} workers succeeded")
-    run.condition(events.COND_READY, False, events.REASON_FINISHED, "the job succeeded")
-    run.condition(events.COND_RECOVERING, False, events.REASON_FINISHED, "the job succeeded")
+    run.condition(cond.COND_SUCCEEDED, True, events.JOB_SUCCEEDED, f"all {nodes} workers succeeded")
+    run.condition(cond.COND_READY, False, cond.REASON_FINISHED, "the job succeeded")
+    run.condition(cond.COND_RECOVERING, False, cond.REASON_FINISHED, "the job succeeded")
     run.event(events.NORMAL, events.JOB_SUCCEEDED, f"all {nodes} workers succeeded")
-    run.completion_time = run.completion_time or format_time(run.now)
+    run.completion_time = run.completion_time or format_rfc3339(run.now)
     run.remove_all_pods(roles=(SPARE, STORE))
 
 
 def suspend(run: PassState) -> None:
-    if run.condition(events.COND_SUSPENDED, True, events.SUSPENDED, "spec.suspend is true"):
+    if run.condition(cond.COND_SUSPENDED, True, events.SUSPENDED, "spec.suspend is true"):
         run.event(events.NORMAL, events.SUSPENDED, "job suspended: workers and spares deleted, storage kept")
-    run.condition(events.COND_READY, False, events.SUSPENDED, "the job is suspended")
-    run.condition(events.COND_RECOVERING, False, events.SUSPENDED, "the job is suspended")
+    run.condition(cond.COND_READY, False, events.SUSPENDED, "the job is suspended")
+    run.condition(cond.COND_RECOVERING, False, events.SUSPENDED, "the job is suspended")
     run.remove_all_pods()
     for entry in run.entries.values():
         entry.reset(EntryState.SUSPENDED)
 
 
 def keep_finished(run: PassState) -> None:
-    failed = cond.condition_true(run.conditions, events.COND_FAILED)
+    failed = cond.condition_true(run.conditions, cond.COND_FAILED)
     if failed:
         _not_ready_after_failure(run)
         run.remove_all_pods()
@@ -163,10 +162,10 @@ def keep_finished(run: PassState) -> None:
 def _not_ready_after_failure(run: PassState) -> None:
     """A failed job is not Ready (`failures` says so when it fails; a job failed by an operator that did
     not may still say Ready=True)."""
-    if cond.condition_true(run.conditions, events.COND_READY):
-        failed = next(c for c in run.conditions if c.get("type") == events.COND_FAILED)
+    if cond.condition_true(run.conditions, cond.COND_READY):
+        failed = next(c for c in run.conditions if c.get("type") == cond.COND_FAILED)
         run.condition(
-            events.COND_READY, False, str(failed.get("reason") or events.REASON_FINISHED), "the job failed"
+            cond.COND_READY, False, str(failed.get("reason") or cond.REASON_FINISHED), "the job failed"
         )
 
 
@@ -175,7 +174,7 @@ def _expire(run: PassState) -> None:
     ttl = run.job.ttl_seconds_after_finished
     if ttl is None:
         return
-    expiry = (parse_time(run.completion_time) or run.now) + timedelta(seconds=ttl)
+    expiry = (parse_rfc3339(run.completion_time) or run.now) + timedelta(seconds=ttl)
     if run.now >= expiry:
         run.actions.append(DeleteJob(run.job.name, run.job.namespace, run.job.uid))
         run.event(events.NORMAL, events.TTL_EXPIRED, f"deleting the job {ttl}s after it finished")
@@ -192,7 +191,7 @@ def reconcile_invalid(
     its message changes) so that an invalid object does not flood the Events.
     """
     conditions = [dict(c) for c in status.get("conditions") or [] if isinstance(c, Mapping)]
-    before = next((c for c in conditions if c.get("type") == events.COND_READY), None)
+    before = next((c for c in conditions if c.get("type") == cond.COND_READY), None)
     unchanged = (
         before is not None
         and before.get("reason") == events.INVALID_SPEC
@@ -200,7 +199,7 @@ def reconcile_invalid(
     )
     cond.set_condition(
         conditions,
-        events.COND_READY,
+        cond.COND_READY,
         status=False,
         reason=events.INVALID_SPEC,
         message=message,

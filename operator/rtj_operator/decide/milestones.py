@@ -3,7 +3,7 @@
 The operator writes status before it acts and posts Events last, so a crash in between loses the
 Event of a transition that status already records (the job's pods were created, it succeeded, its
 budget ran out). Each milestone Event therefore has a name derived from the job's uid and the reason
-(`event_name`), and `runtime.passes` posts it under that name: posting it again is answered
+(`event_name`), and `runtime.job_pass` posts it under that name: posting it again is answered
 AlreadyExists and changes nothing. After every operator start, the first pass of each job posts
 again every milestone its status says was reached (`reached`); one a crash lost appears then, one
 already posted stays single.
@@ -15,14 +15,15 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from rtj_operator import events
+from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import Event
 
 # The reasons posted under a name of their own (once per job), with the condition that records
 # them in status (None: recorded by status.startTime instead).
 MILESTONES: Final[dict[str, tuple[str, str] | None]] = {
     events.CHILDREN_CREATED: None,
-    events.JOB_SUCCEEDED: (events.COND_SUCCEEDED, events.NORMAL),
-    events.RESTART_BUDGET_EXHAUSTED: (events.COND_FAILED, events.WARNING),
+    events.JOB_SUCCEEDED: (cond.COND_SUCCEEDED, events.NORMAL),
+    events.RESTART_BUDGET_EXHAUSTED: (cond.COND_FAILED, events.WARNING),
 }
 
 

@@ -21,7 +21,7 @@ Read top to bottom, it is the operator's design (docs/architecture.md, "The oper
 The trainers' progress reports are folded first, so that every policy sees this pass's step. A worker
 whose command cannot start fails the job at once (`startup`, from `failures`).
 
-Pure: the caller (`rtj_operator.runtime.passes`) writes `Plan.status` first, then applies the actions.
+Pure: the caller (`rtj_operator.runtime.job_pass`) writes `Plan.status` first, then applies the actions.
 """
 
 from __future__ import annotations

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import re
 
+from rtj_contract.times import parse_rfc3339
+
 from rtj_operator import events
 from rtj_operator.decide.state import STORE, WORKER, PassState
 from rtj_operator.observe import MAX_TERMINATION_MESSAGE_CHARS, PodState
-from rtj_operator.progress import parse_time
 
 # Consecutive pods of one worker failing the same way before any step that fail the job: one more
 # than the tries rtj-launch's own verdict takes, so an image without that verdict is judged too.
@@ -101,5 +102,5 @@ def _same_failure(one: str, other: str) -> bool:
 
 def _before_any_step(run: PassState, pod: PodState) -> bool:
     """Whether no training step advanced while the pod existed."""
-    advanced = parse_time((run.progress or {}).get("lastAdvanceTime"))
+    advanced = parse_rfc3339((run.progress or {}).get("lastAdvanceTime"))
     return advanced is None or (pod.created is not None and advanced < pod.created)

@@ -43,12 +43,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from rtj_contract.times import format_rfc3339, parse_rfc3339
+
 from rtj_operator import events
 from rtj_operator.api.status import ConditionStatus, RestartsSource
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide import library, startup
 from rtj_operator.decide.state import WORKER, PassState
-from rtj_operator.progress import ProgressReport, RecoveryReport, format_time, parse_time
+from rtj_operator.progress import ProgressReport, RecoveryReport
 
 
 def stall_deadline(
@@ -155,43 +157,43 @@ def note_advance(run: PassState) -> None:
 def watch_stall(run: PassState) -> None:
     """Set the Stalled condition for this pass, post its Events, and ask to look again at the deadline."""
     if cond.finished(run.conditions):
-        _not_stalled(run, events.REASON_FINISHED, "the job finished")
+        _not_stalled(run, cond.REASON_FINISHED, "the job finished")
         return
     if run.job.suspend:
         _not_stalled(run, events.SUSPENDED, "the job is suspended")
         return
     ready = ready_since(run)
     limit = run.job.model.spec.progress.stall_after_seconds
-    last_advance = parse_time((run.progress or {}).get("lastAdvanceTime"))
+    last_advance = parse_rfc3339((run.progress or {}).get("lastAdvanceTime"))
     deadline = stall_deadline(last_advance, ready, limit)
     if ready is None or deadline is None:
-        _not_stalled(run, events.REASON_WORKERS_NOT_READY, "not every worker is ready")
+        _not_stalled(run, cond.REASON_WORKERS_NOT_READY, "not every worker is ready")
         return
     if not steps_expected(run):
         message = _steps_not_reported_message(run)
-        run.condition(events.COND_STALLED, ConditionStatus.UNKNOWN, events.REASON_STEPS_NOT_REPORTED, message)
+        run.condition(cond.COND_STALLED, ConditionStatus.UNKNOWN, cond.REASON_STEPS_NOT_REPORTED, message)
         return
-    stalled = cond.condition_true(run.conditions, events.COND_STALLED)
+    stalled = cond.condition_true(run.conditions, cond.COND_STALLED)
     if run.now >= deadline:
         if not stalled:
             message = _stall_message(run, last_advance, ready, limit)
-            run.condition(events.COND_STALLED, True, events.REASON_NO_PROGRESS, message)
+            run.condition(cond.COND_STALLED, True, cond.REASON_NO_PROGRESS, message)
             run.event(events.WARNING, events.TRAINING_STALLED, message)
         return
     run.at(deadline)
     if stalled and _advanced(run):
         message = f"training advanced to step {_current_step(run)}"
-        run.condition(events.COND_STALLED, False, events.TRAINING_RESUMED, message)
+        run.condition(cond.COND_STALLED, False, events.TRAINING_RESUMED, message)
         run.event(events.NORMAL, events.TRAINING_RESUMED, message)
     elif stalled:  # stallAfterSeconds was raised past the time without a step
-        _not_stalled(run, events.REASON_NOT_STALLED, f"spec.progress.stallAfterSeconds is now {limit}")
-    elif (_condition(run, events.COND_STALLED) or {}).get("reason") != events.TRAINING_RESUMED:
-        _not_stalled(run, events.REASON_NOT_STALLED, "training has not stalled")
+        _not_stalled(run, cond.REASON_NOT_STALLED, f"spec.progress.stallAfterSeconds is now {limit}")
+    elif (_condition(run, cond.COND_STALLED) or {}).get("reason") != events.TRAINING_RESUMED:
+        _not_stalled(run, cond.REASON_NOT_STALLED, "training has not stalled")
 
 
 def _not_stalled(run: PassState, reason: str, message: str) -> None:
     """Stalled=False with why (an unchanged condition is not rewritten)."""
-    run.condition(events.COND_STALLED, False, reason, message)
+    run.condition(cond.COND_STALLED, False, reason, message)
 
 
 def _steps_not_reported_message(run: PassState) -> str:
@@ -224,8 +226,8 @@ def _stall_message(run: PassState, last_advance: datetime | None, ready_since: d
 
 def recovery_ended(run: PassState) -> bool:
     """Whether the recovery in progress (Recovering=True, every worker ready) has ended this pass."""
-    recovering = _condition(run, events.COND_RECOVERING) or {}
-    started = parse_time(recovering.get("lastTransitionTime"))
+    recovering = _condition(run, cond.COND_RECOVERING) or {}
+    started = parse_rfc3339(recovering.get("lastTransitionTime"))
     reported = steps_reported(run)
     if not reported and ranks_reported(run):
         return ranks_back(run, started) is not None
@@ -239,8 +241,8 @@ def recovery_ended(run: PassState) -> bool:
 
 def end_recovery(run: PassState) -> None:
     """Recovering=False (JobRecovered, with an Event), and the recovery recorded in status.lastRecovery."""
-    recovering = dict(_condition(run, events.COND_RECOVERING) or {})  # a copy: the condition changes below
-    started = parse_time(recovering.get("lastTransitionTime"))
+    recovering = dict(_condition(run, cond.COND_RECOVERING) or {})  # a copy: the condition changes below
+    started = parse_rfc3339(recovering.get("lastTransitionTime"))
     nodes = run.job.nodes
     step = _current_step(run)
     reported = steps_reported(run)
@@ -255,14 +257,14 @@ def end_recovery(run: PassState) -> None:
     else:
         message = f"training advanced to step {step}{after}; all {nodes} workers are ready"
     run.event(events.NORMAL, events.JOB_RECOVERED, message)
-    run.condition(events.COND_RECOVERING, False, events.JOB_RECOVERED, message)
+    run.condition(cond.COND_RECOVERING, False, events.JOB_RECOVERED, message)
     if ranks_at is not None:
         startup.forget_start_failures(run)  # training got going (a step does so in `note_advance`)
     # Every field, None when unknown: status is a merge patch, where only null removes a field.
     run.last_recovery = {
         "reason": recovering.get("reason") or None,
-        "faultTime": format_time(started) if started is not None else None,
-        "resumeTime": format_time(resumed),
+        "faultTime": format_rfc3339(started) if started is not None else None,
+        "resumeTime": format_rfc3339(resumed),
         "durationSeconds": seconds,
         "step": step,
     }
@@ -270,7 +272,7 @@ def end_recovery(run: PassState) -> None:
 
 def await_progress(run: PassState) -> None:
     """Every worker is ready but training has not advanced yet: Recovering stays, and says so."""
-    recovering = _condition(run, events.COND_RECOVERING) or {}
+    recovering = _condition(run, cond.COND_RECOVERING) or {}
     step = _current_step(run)
     waiting = (
         f"training to advance past step {step}"
@@ -281,8 +283,8 @@ def await_progress(run: PassState) -> None:
         waiting = "the ranks of every worker to start again"
     message = f"all {run.job.nodes} workers are ready; waiting for {waiting}"
     if recovering.get("message") != message:
-        reason = str(recovering.get("reason") or events.REASON_RECOVERING)
-        run.condition(events.COND_RECOVERING, True, reason, message)
+        reason = str(recovering.get("reason") or cond.REASON_RECOVERING)
+        run.condition(cond.COND_RECOVERING, True, reason, message)
 
 
 # -- in-job restarts rtj-launch timed --
@@ -292,26 +294,26 @@ def note_launcher_restart(run: PassState) -> None:
     """status.lastRecovery from the newest in-job restart rtj-launch timed, for a job whose restarts
     rtj-launch counts; not while the operator recovers the job, nor one that faulted before the end
     of the recovery recorded (the operator's recovery included the restarts it caused)."""
-    if cond.condition_true(run.conditions, events.COND_RECOVERING):
+    if cond.condition_true(run.conditions, cond.COND_RECOVERING):
         return
     timed = [
         r.last_recovery
         for r in _reports(run)
         if r.restarts_source is RestartsSource.LAUNCHER and r.last_recovery is not None
     ]
-    newest = max((t for t in timed if t.kind == events.REASON_IN_JOB_RESTART), key=_resumed, default=None)
+    newest = max((t for t in timed if t.kind == cond.REASON_IN_JOB_RESTART), key=_resumed, default=None)
     if newest is None or newest.fault_time is None:
         return
-    recorded = parse_time((run.last_recovery or {}).get("resumeTime"))
+    recorded = parse_rfc3339((run.last_recovery or {}).get("resumeTime"))
     if recorded is not None and newest.fault_time <= recorded:
         return
     seconds = newest.recovery_seconds
     if seconds is None:
         seconds = max(0.0, (newest.time - newest.fault_time).total_seconds())
     run.last_recovery = {
-        "reason": events.REASON_IN_JOB_RESTART,
-        "faultTime": format_time(newest.fault_time),
-        "resumeTime": format_time(newest.time),
+        "reason": cond.REASON_IN_JOB_RESTART,
+        "faultTime": format_rfc3339(newest.fault_time),
+        "resumeTime": format_rfc3339(newest.time),
         "durationSeconds": round(seconds, 1),
         "step": newest.step,
     }

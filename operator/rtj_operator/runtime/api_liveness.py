@@ -7,7 +7,7 @@ whenever nothing else was heard for a few seconds, so that a quiet cluster is no
 blind operator, and drops the client's pooled connections when the watches have gone silent (kopf
 re-makes a silent watch on a new connection; the reads of the pass that follows must not ride a
 pooled connection that froze with it). `serve_health` answers the kubelet's probes: 200 while some
-API call or watch event succeeded within `SightSettings.stale_after_seconds`, 503 after. A TLS
+API call or watch event succeeded within `LivenessSettings.stale_after_seconds`, 503 after. A TLS
 certificate the client cannot verify or a 401 Unauthorized, `fatal_failures` times in a row, makes
 `watch_api` stop the operator (the process exits non-zero and the kubelet restarts it with the
 current mounted token and CA): retrying the same credentials forever only fills the log.
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class SightSettings:
+class LivenessSettings:
     """How the operator judges its own view of the API server (seconds unless named otherwise)."""
 
     # Liveness fails when no API call and no watch event succeeded for this long.
@@ -98,11 +98,11 @@ def failure_class(error: BaseException) -> str:
     return "connection"
 
 
-class ApiSight:
+class ApiLiveness:
     """The last time the API server answered, and the run of credential failures since."""
 
-    def __init__(self, settings: SightSettings | None = None, clock: Callable[[], float] = time.monotonic):
-        self.settings = settings or SightSettings()
+    def __init__(self, settings: LivenessSettings | None = None, clock: Callable[[], float] = time.monotonic):
+        self.settings = settings or LivenessSettings()
         self._clock = clock
         self._lock = threading.Lock()  # the client reports from worker threads
         self.last_success = clock()
@@ -153,7 +153,7 @@ class ApiSight:
 
 
 async def watch_api(
-    sight: ApiSight,
+    record: ApiLiveness,
     ping: Callable[[], object],
     stop: asyncio.Event,
     *,
@@ -163,29 +163,29 @@ async def watch_api(
     """Ping the API server whenever it has been silent for a ping interval, and drop the pooled
     connections once per silence of the watches longer than `watch_silence_seconds`; return when
     `stop` is set or when the credentials are hopeless (the caller then stops the operator)."""
-    interval = sight.settings.ping_interval_seconds
+    interval = record.settings.ping_interval_seconds
     dropped_for: float | None = None  # the watch event whose silence the pool was dropped for
     while not stop.is_set():
         silent_watches = (
-            watch_silence_seconds is not None and sight.watches_silent_for() >= watch_silence_seconds
+            watch_silence_seconds is not None and record.watches_silent_for() >= watch_silence_seconds
         )
-        if drop_connections is not None and silent_watches and dropped_for != sight.last_watch_event:
-            dropped_for = sight.last_watch_event
+        if drop_connections is not None and silent_watches and dropped_for != record.last_watch_event:
+            dropped_for = record.last_watch_event
             logger.info(
-                "no watch event for %.0f s: dropping pooled API connections", sight.watches_silent_for()
+                "no watch event for %.0f s: dropping pooled API connections", record.watches_silent_for()
             )
             drop_connections()
-        if sight.silent_seconds() >= interval:
+        if record.silent_seconds() >= interval:
             try:
                 await asyncio.to_thread(ping)
             except Exception as error:
                 logger.warning("the API server did not answer a health check: %r", error)
-        if sight.hopeless():
+        if record.hopeless():
             logger.error(
                 "%d API calls in a row failed on the credentials (last: %s): exiting to restart with "
                 "fresh ones",
-                sight.credential_failures,
-                sight.last_failure,
+                record.credential_failures,
+                record.last_failure,
             )
             return
         try:

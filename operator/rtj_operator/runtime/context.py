@@ -1,9 +1,9 @@
 """The operator's state, handed to every kopf handler as its `memo`: API client, queue, indexes.
 
 `handlers` fills the indexes (kopf's, kept here so that passes started outside a handler, such as a
-requeue wake-up, can read them); `passes` reads them and the API client; `queue` runs the passes.
-`sight` records whether the API server answers (the liveness endpoint reads it); `elector`, when
-leader election is on, says whether this replica may act (`acting`). `passes.new_context` builds
+requeue wake-up, can read them); `job_pass` reads them and the API client; `queue` runs the passes.
+`api_liveness` records whether the API server answers (the liveness endpoint reads it); `elector`, when
+leader election is on, says whether this replica may act (`acting`). `job_pass.new_context` builds
 one with its queue wired to the passes.
 """
 
@@ -16,13 +16,14 @@ from typing import Any
 import kopf
 
 from rtj_operator import events
+from rtj_operator.decide import conditions as cond
 from rtj_operator.fsx_policy import FsxAllowList
 from rtj_operator.nodehealth import NodeHealth
+from rtj_operator.runtime.api_liveness import ApiLiveness
 from rtj_operator.runtime.kube import Kube
 from rtj_operator.runtime.leader import LeaderElector
 from rtj_operator.runtime.queue import JobKey, WorkQueue
 from rtj_operator.runtime.scrape import ProgressScraper
-from rtj_operator.runtime.sight import ApiSight
 
 
 @dataclass
@@ -31,7 +32,7 @@ class OperatorContext:
 
     kube: Kube
     metrics_port: int | None = None
-    sight: ApiSight = field(default_factory=ApiSight)
+    api_liveness: ApiLiveness = field(default_factory=ApiLiveness)
     elector: LeaderElector | None = None
     # kopf's watch settings (see handlers.configure): how long a silent watch is trusted.
     watch_inactivity_seconds: float = 15.0
@@ -89,7 +90,7 @@ def _waiting_for_nodes(body: dict[str, Any]) -> bool:
     conditions = (body.get("status") or {}).get("conditions") or []
     return any(
         isinstance(c, dict)
-        and c.get("type") == events.COND_BLOCKED
+        and c.get("type") == cond.COND_BLOCKED
         and c.get("status") == "True"
         and c.get("reason") == events.INSUFFICIENT_NODES
         for c in conditions

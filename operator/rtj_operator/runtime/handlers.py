@@ -3,8 +3,8 @@
 `register(registry)` registers, on one registry per operator instance (per process or per test):
 the settings (on.startup) and the login; indexes of jobs, pods (by job) and nodes; job
 create/update/resume (a pass that also asserts the base children), a timer as a safety net, and
-delete (the finalizer: `passes.finalize_job`); every job event, for a status written by someone
-else (`passes.overwritten`); pod and node events; a daemon per job that reads its trainers'
+delete (the finalizer: `job_pass.finalize_job`); every job event, for a status written by someone
+else (`job_pass.overwritten`); pod and node events; a daemon per job that reads its trainers'
 progress endpoints (`scrape.ProgressScraper.follow`). Every handler only records kopf's indexes in
 the context and asks the work queue for a pass (`queue.WorkQueue.trigger`).
 """
@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from rtj_operator import constants
-from rtj_operator.runtime import passes
+from rtj_operator.runtime import job_pass
 from rtj_operator.runtime.context import OperatorContext
 from rtj_operator.runtime.queue import JobKey
 
@@ -112,22 +112,22 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo:
 
 
 # kopf calls the index functions on every watch event (and on the initial listing): each is a sign
-# that the API server is heard (see sight.ApiSight).
+# that the API server is heard (see api_liveness.ApiLiveness).
 
 
 def jobs_index(**kwargs: Any) -> Any:
-    kwargs["memo"].sight.watch_event()
-    return {(kwargs["namespace"], kwargs["name"]): passes.plain(kwargs["body"])}
+    kwargs["memo"].api_liveness.watch_event()
+    return {(kwargs["namespace"], kwargs["name"]): job_pass.plain(kwargs["body"])}
 
 
 def pods_index(**kwargs: Any) -> Any:
-    kwargs["memo"].sight.watch_event()
-    return {(kwargs["namespace"], kwargs["labels"][constants.LABEL_JOB]): passes.plain(kwargs["body"])}
+    kwargs["memo"].api_liveness.watch_event()
+    return {(kwargs["namespace"], kwargs["labels"][constants.LABEL_JOB]): job_pass.plain(kwargs["body"])}
 
 
 def nodes_index(**kwargs: Any) -> Any:
-    kwargs["memo"].sight.watch_event()
-    return {kwargs["name"]: passes.plain(kwargs["body"])}
+    kwargs["memo"].api_liveness.watch_event()
+    return {kwargs["name"]: job_pass.plain(kwargs["body"])}
 
 
 def remember_indexes(kwargs: Mapping[str, Any]) -> OperatorContext:
@@ -166,7 +166,7 @@ async def job_event(**kwargs: Any) -> None:
     runner = memo.queue.runners.get(key)
     if kwargs.get("type") is None or runner is None:
         return  # the initial listing (resume handlers cover it), or a job not reconciled yet
-    if passes.overwritten(runner, kwargs["body"]):
+    if job_pass.overwritten(runner, kwargs["body"]):
         await memo.queue.trigger(key)
 
 
@@ -179,7 +179,7 @@ async def job_progress(**kwargs: Any) -> None:
 
 async def job_deleted(**kwargs: Any) -> None:
     memo = remember_indexes(kwargs)
-    await passes.finalize_job(memo, _job_key(kwargs), kwargs["body"])
+    await job_pass.finalize_job(memo, _job_key(kwargs), kwargs["body"])
 
 
 # -- what the jobs' pods and the nodes do --

@@ -1,6 +1,6 @@
 """Every Kubernetes API call the operator's own code makes, and the permissions they need.
 
-`runtime.passes` calls this module to read a job and its pods fresh, to write status and to apply
+`runtime.job_pass` calls this module to read a job and its pods fresh, to write status and to apply
 the decisions' actions (`rtj_operator.decide`); kopf makes the watch calls (and its finalizer and
 annotation patches) itself. The Helm chart's ClusterRole must grant exactly `REQUIRED_PERMISSIONS`
 (a chart test compares them, and another runs the operator under them with the API server's audit
@@ -16,7 +16,7 @@ transient errors that the work queue retries.
 Every call is bounded (`Timeouts`: connect and read timeouts, TCP keepalive on every socket), and a
 call that times out or loses its connection drops the whole connection pool and is tried once more
 on a fresh connection: a pooled keep-alive connection that a network fault froze silently would
-otherwise be picked again and again. Each outcome is reported to `sight.ApiSight` (liveness, and
+otherwise be picked again and again. Each outcome is reported to `api_liveness.ApiLiveness` (liveness, and
 the exit on persistent TLS or authentication failures).
 """
 
@@ -117,7 +117,7 @@ class Timeouts:
 
 
 class CallOutcome(Protocol):
-    """Where `Kube` reports each call's outcome (`sight.ApiSight` is one)."""
+    """Where `Kube` reports each call's outcome (`api_liveness.ApiLiveness` is one)."""
 
     def succeeded(self) -> None:
         """An API call was answered (any HTTP status but 401)."""

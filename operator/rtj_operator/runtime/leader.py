@@ -9,7 +9,7 @@ Lease every `retry_period_seconds`. The rules are those of client-go's leader el
   change (no comparison of wall clocks between machines).
 - Fencing: the leader acts only while its last successful renewal was sent less than
   `renew_deadline_seconds` ago (`holds`); every pass checks it before each write
-  (`passes`), and when a renewal cannot succeed within the deadline `keep` returns and the operator
+  (`job_pass`), and when a renewal cannot succeed within the deadline `keep` returns and the operator
   stops (the process exits and restarts as a standby). The deadline is shorter than the lease
   duration, so the old leader has stopped writing before a standby may take the Lease over; the
   difference is the margin for a write already in flight.

@@ -3,7 +3,7 @@
 Every trigger (a kopf handler, a plan's requeue time, a retry) calls `WorkQueue.trigger(key)`. A job's
 pass starts after a short debounce; triggers arriving while it runs mark the job dirty and the pass
 runs again once it ends. A pass that raises is retried later, with a delay doubling per consecutive
-failure, and never stops the other jobs. What a pass does is the `work` callable (`passes.run_pass`);
+failure, and never stops the other jobs. What a pass does is the `work` callable (`job_pass.run_pass`);
 the queue knows nothing of jobs beyond their keys.
 """
 
@@ -47,10 +47,10 @@ class JobRunner:
     # When the API server last refused one of the job's children (see decide.admission).
     refused_at: datetime | None = None
     # The status as the API server stored it on this operator's last write: a different status read
-    # later was written by someone else (see passes.own_status).
+    # later was written by someone else (see job_pass.own_status).
     last_status: dict[str, Any] | None = None
     # The job's children other than pods known to exist (created, or found existing, by this
-    # operator): (kind, namespace, name, owner uid) -> when (monotonic). See passes.known_child.
+    # operator): (kind, namespace, name, owner uid) -> when (monotonic). See job_pass.known_child.
     known_children: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
     # Whether this operator posted the milestone Events the job's status says are due (see
     # decide.milestones): done once per job per operator start.

@@ -283,7 +283,7 @@ class _Stager:
             self._pool = None
 
 
-class _Chores:
+class _DurabilityWorker:
     """Durability bookkeeping: ``.done`` files, commits, pruning, re-reading the newest commit.
 
     Each is fsyncs and directory listings on the shared volume, tens of milliseconds on a busy one:
@@ -296,14 +296,14 @@ class _Chores:
         self._pool: ThreadPoolExecutor | None = None
         self._futures: list[Future[Any]] = []
 
-    def run(self, chore: Callable[[], _T]) -> Future[_T]:
+    def run(self, work: Callable[[], _T]) -> Future[_T]:
         if not self.background:
             done: Future[_T] = Future()
-            done.set_result(chore())
+            done.set_result(work())
             return done
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rtj-ckpt-chores")
-        future = self._pool.submit(chore)
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rtj-ckpt-durability")
+        future = self._pool.submit(work)
         self._futures = [f for f in self._futures if not f.done()]
         self._futures.append(future)
         return future
@@ -396,7 +396,7 @@ class CheckpointManager:
         self._pending: _Pending | None = None
         self._uncommitted: list[int] = []  # rank 0: saved steps awaiting their commit
         self._last_refresh = time.monotonic()
-        self._chores = _Chores(background=asynchronous)
+        self._durability = _DurabilityWorker(background=asynchronous)
         self._commit_check: Future[_CommitCheck] | None = None
         self._done_marks: list[Future[None]] = []  # .done files being written
         self.last_committed: CheckpointInfo | None = newest_complete(self.root, world_size)
@@ -592,7 +592,7 @@ class CheckpointManager:
 
     def discard_partials_after(self, step: int) -> list[Path]:
         """Delete uncommitted directories newer than ``step`` (rank 0, when resuming at ``step``)."""
-        self._chores.drain()  # no commit check may be listing a directory deleted below
+        self._durability.drain()  # no commit check may be listing a directory deleted below
         self._collect_commit_check()
         removed = []
         for info in list_checkpoints(self.root):
@@ -617,7 +617,7 @@ class CheckpointManager:
             if self._writer.poll():
                 self.stats.last_write_seconds = time.perf_counter() - self._pending.submitted
                 written = self._pending.step
-                self._done_marks.append(self._chores.run(lambda: self._mark_done(written)))
+                self._done_marks.append(self._durability.run(lambda: self._mark_done(written)))
                 self._pending = None
             elif not self._writer.writer_alive():
                 self._writer_died()
@@ -648,13 +648,13 @@ class CheckpointManager:
             if not self._uncommitted:
                 return committed
             steps = list(self._uncommitted)
-            self._commit_check = self._chores.run(lambda: self._commit_steps(steps))
+            self._commit_check = self._durability.run(lambda: self._commit_steps(steps))
         else:
             now = time.monotonic()
             if now - self._last_refresh <= 2.0:
                 return committed
             self._last_refresh = now
-            self._commit_check = self._chores.run(
+            self._commit_check = self._durability.run(
                 lambda: _CommitCheck([], newest_complete(self.root, self.world_size))
             )
         return committed + self._collect_commit_check()
@@ -727,7 +727,7 @@ class CheckpointManager:
 
     def close(self) -> None:
         self._stager.close()
-        self._chores.close()
+        self._durability.close()
         self._commit_check = None
         self._done_marks.clear()
         if self._writer is not None:

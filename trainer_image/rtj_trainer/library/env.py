@@ -168,7 +168,7 @@ class JobSettings:
     active_world_size: int = 0
 
     @property
-    def supervised(self) -> bool:
+    def supervisor_mode(self) -> bool:
         """Ranks in one fixed world with reserve ranks, stores in the store pod (no ft_launcher)."""
         return self.launch_mode == LAUNCH_MODE_SUPERVISOR
 
@@ -176,7 +176,7 @@ class JobSettings:
     def standby_spares(self) -> bool:
         """Under ft_launcher, whether the hot spares wait in the rendezvous as standby nodes: its
         most nodes are more than its active ones (rendezvous.spares Standby)."""
-        return not self.supervised and self.nnodes_max > self.nnodes
+        return not self.supervisor_mode and self.nnodes_max > self.nnodes
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> JobSettings:
@@ -262,7 +262,7 @@ class JobSettings:
                 raise EnvError(f"{name}={port} must be a port number (0: on rank 0, after MASTER_PORT)")
         if self.checkpoint_interval_steps < 1 or self.checkpoint_keep < 1:
             raise EnvError(f"{CHECKPOINT_INTERVAL_STEPS} and {CHECKPOINT_KEEP} must be >= 1")
-        if self.supervised and not self.store_host:
+        if self.supervisor_mode and not self.store_host:
             raise EnvError(
                 f"{LAUNCH_MODE}={LAUNCH_MODE_SUPERVISOR} needs {STORE_HOST} (the store pod's name)"
             )

@@ -469,19 +469,19 @@ class Reporter:
         environ: Mapping[str, str] | None = None,
     ) -> Reporter:
         """This rank's reporter for its pod: local rank 0 reports, or under the Supervisor launcher
-        (``settings.supervised``) whichever rank of the pod holds the pod's reporting lock
+        (``settings.supervisor_mode``) whichever rank of the pod holds the pod's reporting lock
         (:attr:`reports`), which passes on when its holder's process ends. The sinks are
         ``settings.progress_sink``'s; ``environ`` (default: the process's) names the pod's report file
         (``RTJ_PROGRESS_FILE``)."""
         env = os.environ if environ is None else environ
-        supervised = settings.supervised
-        may_report = local_rank == 0 or supervised
+        supervisor_mode = settings.supervisor_mode
+        may_report = local_rank == 0 or supervisor_mode
         return cls(
             make_sink(settings.progress_sink, env) if may_report else NoSink(),
             checkpoint_dir,
             settings.progress_interval_seconds,
-            enabled=local_rank == 0 and not supervised,
-            lock=ReportingLock(env.get(PROGRESS_FILE_ENV)) if supervised else None,
+            enabled=local_rank == 0 and not supervisor_mode,
+            lock=ReportingLock(env.get(PROGRESS_FILE_ENV)) if supervisor_mode else None,
         )
 
     @property

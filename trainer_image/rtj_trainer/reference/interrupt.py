@@ -1,7 +1,7 @@
 """What an in-process restart needs that comes from no NVRx release: the socket shutdown that frees
-ranks blocked in a gloo collective, the poke that wakes a main thread blocked outside Python so the
+ranks blocked in a gloo collective, the signal that wakes a main thread blocked outside Python so the
 restart reaches it, and the Supervisor world's rank arithmetic (``reassign``). ``restart`` builds
-NVRx's abort and rank assignment on these; ``train`` uses the poker and the world's error without
+NVRx's abort and rank assignment on these; ``train`` uses the waker and the world's error without
 importing NVRx's in-process layer, so that ``rtj-train`` with in-process restart off runs on a
 release that no longer has it (``rtj_trainer.library.nvrx_inprocess``).
 """
@@ -44,16 +44,16 @@ def shutdown_tcp_sockets(keep_ports: Collection[int]) -> int:
 # The signal that wakes the main thread out of a blocking call so that NVRx's asynchronous
 # RankShouldRestart, which only lands while Python code runs, reaches a rank that sleeps or waits in
 # a system call (a hang the soft timeout caught while the process is still alive).
-POKE_SIGNAL: Final = signal.SIGUSR2
-POKE_INTERVAL_SECONDS: Final = 0.05
-POKE_LIMIT_SECONDS: Final = 5.0
+WAKE_SIGNAL: Final = signal.SIGUSR2
+WAKE_INTERVAL_SECONDS: Final = 0.05
+WAKE_LIMIT_SECONDS: Final = 5.0
 
 
-def _ignore_poke(_signum: int, _frame: object) -> None:
+def _ignore_wake_up(_signum: int, _frame: object) -> None:
     """Runs Python code in the main thread: the pending asynchronous exception is raised here."""
 
 
-class MainThreadPoker:
+class MainThreadWaker:
     """Signals the main thread every 50 ms, from the abort until the restart is delivered."""
 
     def __init__(self) -> None:
@@ -62,30 +62,30 @@ class MainThreadPoker:
 
     @staticmethod
     def install() -> None:
-        """From the main thread, before the wrapper runs: the handler that makes a poke harmless."""
-        signal.signal(POKE_SIGNAL, _ignore_poke)
-        signal.siginterrupt(POKE_SIGNAL, False)
+        """From the main thread, before the wrapper runs: the handler that makes a wake-up harmless."""
+        signal.signal(WAKE_SIGNAL, _ignore_wake_up)
+        signal.siginterrupt(WAKE_SIGNAL, False)
 
     def start(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             return
         self._delivered.clear()
-        self._thread = threading.Thread(target=self._poke, name="rtj-poke-main", daemon=True)
+        self._thread = threading.Thread(target=self._wake, name="rtj-wake-main", daemon=True)
         self._thread.start()
 
     def delivered(self) -> None:
         """The main thread has the restart (it reached the next iteration or an exception handler)."""
         self._delivered.set()
 
-    def _poke(self) -> None:
+    def _wake(self) -> None:
         main = threading.main_thread().ident
         if main is None:
             return
-        deadline = POKE_LIMIT_SECONDS / POKE_INTERVAL_SECONDS
+        deadline = WAKE_LIMIT_SECONDS / WAKE_INTERVAL_SECONDS
         count = 0
-        while not self._delivered.wait(POKE_INTERVAL_SECONDS) and count < deadline:
+        while not self._delivered.wait(WAKE_INTERVAL_SECONDS) and count < deadline:
             with contextlib.suppress(OSError, ProcessLookupError):
-                signal.pthread_kill(main, POKE_SIGNAL)
+                signal.pthread_kill(main, WAKE_SIGNAL)
             count += 1
 
 

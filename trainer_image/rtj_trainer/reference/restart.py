@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import torch
 
 import rtj_trainer
-from rtj_trainer.reference.interrupt import MainThreadPoker, reassign, shutdown_tcp_sockets
+from rtj_trainer.reference.interrupt import MainThreadWaker, reassign, shutdown_tcp_sockets
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +45,16 @@ class AbortProcessGroup(inprocess.abort.Abort):  # type: ignore[misc]
     """Abort that works on gloo (socket shutdown) and NCCL, and always destroys the group; then
     wakes a main thread blocked outside Python so the restart reaches it."""
 
-    def __init__(self, keep_ports: Collection[int], poker: MainThreadPoker | None = None) -> None:
+    def __init__(self, keep_ports: Collection[int], waker: MainThreadWaker | None = None) -> None:
         self.keep_ports = tuple(keep_ports)
-        self.poker = poker
+        self.waker = waker
 
     def __call__(self, state: Any) -> Any:
         try:
             return self._abort(state)
         finally:
-            if self.poker is not None:
-                self.poker.start()
+            if self.waker is not None:
+                self.waker.start()
 
     def _abort(self, state: Any) -> Any:
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -143,7 +143,7 @@ def restartable(
     store_host: str,
     store_port: int,
     keep_ports: Collection[int],
-    poker: MainThreadPoker | None = None,
+    waker: MainThreadWaker | None = None,
     active_world_size: int | None = None,
 ) -> Callable[[], int]:
     """``fn`` under the configured ``inprocess.Wrapper`` (disabled when ``RTJ_INPROCESS_ENABLED=false``):
@@ -168,7 +168,7 @@ def restartable(
     }
     requested: dict[str, Any] = {
         "store_kwargs": store_kwargs,
-        "abort": AbortProcessGroup(keep_ports, poker),
+        "abort": AbortProcessGroup(keep_ports, waker),
         "health_check": health_check,
         "monitor_thread_interval": seconds(seconds=0.1),
         # Below the progress watchdog interval: hang detection needs it (measured).

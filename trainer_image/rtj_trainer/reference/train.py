@@ -39,7 +39,7 @@ from rtj_contract.times import epoch_seconds
 
 import rtj_trainer
 from rtj_trainer.reference import replica
-from rtj_trainer.reference.interrupt import MainThreadPoker, WorldBrokenError
+from rtj_trainer.reference.interrupt import MainThreadWaker, WorldBrokenError
 from rtj_trainer.reference.model import (
     ModelConfig,
     batch_for_step,
@@ -49,7 +49,7 @@ from rtj_trainer.reference.model import (
     shard_model,
     transition_table,
 )
-from rtj_trainer.rehearsal import faults as faults_mod
+from rtj_trainer.rehearsal import fault_injection
 
 log = logging.getLogger("rtj_trainer")
 
@@ -136,7 +136,7 @@ def ensure_rank_env() -> None:
 
 
 @dataclasses.dataclass
-class Memory:
+class InMemoryState:
     """The newest state in memory, kept across in-process restarts (references, not copies)."""
 
     step: int = -1
@@ -193,12 +193,12 @@ class Trainer:
         self.asynchronous = (args.checkpoint_mode or env.checkpoint_mode) == "Async"
         self.heartbeats = rtj_trainer.Heartbeats()
         self.ckpt = self._checkpoint_manager(self.rank)
-        self.faults = faults_mod.FaultInjector(
-            faults_mod.parse_faults(env.faults), self.checkpoint_dir, self.rank
+        self.faults = fault_injection.FaultInjector(
+            fault_injection.parse_faults(env.faults), self.checkpoint_dir, self.rank
         )
-        self.memory = Memory()
+        self.in_memory = InMemoryState()
         self.tier = replica.MemoryTier(stride=max(env.nproc_per_node, 1))
-        self.poker: MainThreadPoker | None = None
+        self.waker: MainThreadWaker | None = None
         self.current_step = 0
         self.loop_started: float | None = None  # the first step of this process
         self.iteration_started = time.time()
@@ -244,7 +244,7 @@ class Trainer:
         """The process groups' store: it lives across in-process iterations (each uses a prefix).
         Rank 0 hosts it, or in supervisor mode the store pod does."""
         timeout = dt.timedelta(seconds=self.env.inprocess_barrier_timeout_seconds)
-        if self.env.supervised:
+        if self.env.supervisor_mode:
             return dist.TCPStore(  # type: ignore[attr-defined]
                 host_name=self.master_addr,
                 port=self.store_ports.groups,
@@ -280,12 +280,12 @@ class Trainer:
         self.ckpt.close()
         self.rank = rank
         self.ckpt = self._checkpoint_manager(rank)
-        self.faults = faults_mod.FaultInjector(self.faults.faults, self.checkpoint_dir, rank)
+        self.faults = fault_injection.FaultInjector(self.faults.faults, self.checkpoint_dir, rank)
 
     def _delivered(self) -> float:
         """The restart reached the main thread: stop poking it; returns the time."""
-        if self.poker is not None:
-            self.poker.delivered()
+        if self.waker is not None:
+            self.waker.delivered()
         return time.time()
 
     def _in_process_fault(self, previous_start: float) -> PendingRecovery:
@@ -311,12 +311,12 @@ class Trainer:
     # -- the wrapped function ---------------------------------------------------------------------
 
     def run(self, call_wrapper: Any = None) -> int:
-        if self.poker is not None:
-            self.poker.delivered()
+        if self.waker is not None:
+            self.waker.delivered()
         iteration = 0 if call_wrapper is None else int(call_wrapper.iteration)
         rank = int(os.environ["RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
-        if rank != self.rank and world_size == self.world_size and self.env.supervised:
+        if rank != self.rank and world_size == self.world_size and self.env.supervisor_mode:
             self._take_index(rank)
         if world_size != self.world_size or rank != self.rank:
             # Shards are per rank of a fixed world: a shrunk world cannot continue in-process.
@@ -343,7 +343,7 @@ class Trainer:
             timeout=dt.timedelta(seconds=self.args.pg_timeout),
             device_id=self.device if self.backend == "nccl" else None,
         )
-        if self.env.supervised and self.rank == 0 and iteration == 0:
+        if self.env.supervisor_mode and self.rank == 0 and iteration == 0:
             self.pg_store.set(rtj_trainer.WORLD_FORMED_KEY, str(time.time()))
         try:
             result = self._train(iteration, call_wrapper)
@@ -361,7 +361,7 @@ class Trainer:
         model = shard_model(build_model(self.cfg, self.device), self.device.type)
         opt = torch.optim.Adam(model.parameters(), lr=self.args.lr)
         start, source = self._resume(model, opt)
-        self.memory.rank, self.memory.world_size = self.rank, self.world_size
+        self.in_memory.rank, self.in_memory.world_size = self.rank, self.world_size
         perm = transition_table(self.cfg)
         steps = self.args.steps
         log.info(
@@ -393,17 +393,17 @@ class Trainer:
             with call_wrapper.atomic() if call_wrapper is not None else contextlib.nullcontext():
                 self.ckpt.wait_staged()
             # Between here and the end of the step the shards are half-updated: not a state to resume.
-            self.memory.consistent = False
+            self.in_memory.consistent = False
             opt.step()
             opt.zero_grad(set_to_none=True)
-            self.memory.tensors = local_state(model, opt)
-            self.memory.step = step + 1
-            self.memory.consistent = True
+            self.in_memory.tensors = local_state(model, opt)
+            self.in_memory.step = step + 1
+            self.in_memory.consistent = True
             self._replicate(step + 1)
             if self.args.step_sleep > 0:
                 time.sleep(self.args.step_sleep)
             step_seconds = time.perf_counter() - started
-            self.memory.useful_seconds += step_seconds
+            self.in_memory.useful_seconds += step_seconds
             self.heartbeats.beat()
             force = self._maybe_record_recovery(resumed_step, source)
             # The final step needs no drain: its checkpoint is committed on the way out anyway.
@@ -439,15 +439,16 @@ class Trainer:
         another node, and that peer's to this rank (supervisor mode: a reserve rank that takes a
         lost rank's index resumes from the copy)."""
         interval = self.env.memory_interval_steps
-        if not self.env.supervised or interval <= 0 or step % interval != 0 or self.memory.tensors is None:
+        tensors = self.in_memory.tensors
+        if not self.env.supervisor_mode or interval <= 0 or step % interval != 0 or tensors is None:
             return
-        self.tier.replicate(step, self.memory.tensors)
+        self.tier.replicate(step, tensors)
 
     def _resume_from_replicas(
         self, model: torch.nn.Module, opt: torch.optim.Optimizer
     ) -> tuple[int, str] | None:
         """Supervisor mode: every index's state from memory, the lost ones' from their replicas."""
-        mem = self.memory
+        mem = self.in_memory
         live = (
             mem.tensors is not None
             and mem.consistent
@@ -480,11 +481,11 @@ class Trainer:
         return plan.step, "memory"
 
     def _resume(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, str]:
-        if self.env.supervised and self.env.memory_interval_steps > 0:
+        if self.env.supervisor_mode and self.env.memory_interval_steps > 0:
             resumed = self._resume_from_replicas(model, opt)
             if resumed is not None:
                 return resumed
-        mem = self.memory
+        mem = self.in_memory
         usable = (
             mem.tensors is not None
             and mem.consistent
@@ -558,8 +559,8 @@ class Trainer:
         return True
 
     def _save(self, step: int, loss_value: float, *, write: bool = True) -> float:
-        extra = {"usefulStepSeconds": self.memory.useful_seconds, "loss": loss_value}
-        self.ckpt.save(step, self.memory.tensors or {}, extra, write=write)
+        extra = {"usefulStepSeconds": self.in_memory.useful_seconds, "loss": loss_value}
+        self.ckpt.save(step, self.in_memory.tensors or {}, extra, write=write)
         return self.ckpt.stats.last_blocking_seconds
 
     def _update_progress(self, step: int, step_seconds: float, blocking: float, loss_value: float) -> None:
@@ -568,7 +569,7 @@ class Trainer:
         p.step_time_seconds = step_seconds
         if blocking > 0:
             p.checkpoint_blocking_seconds = blocking
-        p.useful_step_seconds = self.memory.useful_seconds
+        p.useful_step_seconds = self.in_memory.useful_seconds
         p.loss = loss_value
         last = self.ckpt.last_committed
         if last is not None and (p.last_checkpoint_step is None or last.step >= p.last_checkpoint_step):
@@ -616,7 +617,7 @@ class Trainer:
         if not self.ckpt.wait_committed(steps, timeout=self.args.commit_timeout):
             raise RuntimeError(f"final checkpoint of step {steps} did not commit")
         dist.barrier()
-        if self.env.supervised and self.rank == 0:
+        if self.env.supervisor_mode and self.rank == 0:
             self.pg_store.set(rtj_trainer.WORLD_FINISHED_KEY, str(steps))
         self.ckpt.poll()
         self.ckpt.refresh()
@@ -630,7 +631,7 @@ class Trainer:
             # One line for scripts (bench/trainer_bench.py): this process's loop, final commit included.
             print(
                 f"rtj-train: finished steps={steps} loop_seconds={loop:.3f} "
-                f"useful_step_seconds={self.memory.useful_seconds:.3f} "
+                f"useful_step_seconds={self.in_memory.useful_seconds:.3f} "
                 f"checkpoint_blocking_seconds={stats.total_blocking_seconds:.3f} saves={stats.saves} "
                 f"mode={'Async' if self.ckpt.asynchronous else 'Sync'}",
                 flush=True,
@@ -706,8 +707,8 @@ def training_entry(trainer: Trainer, env: rtj_trainer.JobSettings) -> Callable[[
         store_host=trainer.master_addr,
         store_port=ports.wrapper,
         keep_ports=(trainer.master_port, ports.groups, ports.wrapper),
-        poker=trainer.poker,
-        active_world_size=trainer.world_size if env.supervised else None,
+        waker=trainer.waker,
+        active_world_size=trainer.world_size if env.supervisor_mode else None,
     )
 
 
@@ -721,8 +722,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ensure_rank_env()
     env = rtj_trainer.JobSettings.from_environ(os.environ)
     trainer = Trainer(args, env, rtj_trainer.install_drain_handler())
-    trainer.poker = MainThreadPoker()
-    trainer.poker.install()
+    trainer.waker = MainThreadWaker()
+    trainer.waker.install()
     train = training_entry(trainer, env)
     warm_up(trainer.cfg, trainer.device, trainer.args.lr)
     # Everything imported and built so far lives as long as the process: out of the collector's

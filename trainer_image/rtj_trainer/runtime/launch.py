@@ -5,9 +5,9 @@ it as its child, so ft_launcher (NVRx's torchrun) restarts the workers of this n
 missed heartbeat (in-job restart), while ``rtj-launch`` stays for the pod's whole life: it serves
 the pod's progress endpoint (``rtj_trainer.runtime.endpoint``: the progress report for the operator, the
 trainer's Prometheus metrics) through every restart, marks a drain before it forwards SIGTERM
-(:func:`supervise`, ``rtj_trainer.library.drain``), writes the termination message and exits with
-ft_launcher's status. The argv is built by the pure :func:`ft_launcher_argv` and passed as a list:
-nothing the user wrote reaches a shell.
+(``rtj_trainer.runtime.supervisor.run_forwarding_drain``, ``rtj_trainer.library.drain``), writes
+the termination message and exits with ft_launcher's status. The argv is built by the pure
+:func:`ft_launcher_argv` and passed as a list: nothing the user wrote reaches a shell.
 
 Each rank runs under the rank shim (``rtj_trainer.runtime.rankshim``), which keeps a record of it in a
 pod-local directory; :class:`RankHistory` keeps every record across ft_launcher's restarts, and the
@@ -350,26 +350,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def supervise(
-    argv: Sequence[str],
-    env: dict[str, str],
-    marker: Path,
-    *,
-    started: Callable[[Sequence[subprocess.Popen[bytes]]], None] | None = None,
-    received: list[int] | None = None,
-) -> int:
-    """Run ``argv`` (ft_launcher) as a child; on SIGTERM mark the drain first, then forward it.
-
-    The child gets its own session: on a local cluster the kubelet signals the container's whole
-    process group, and ft_launcher must hear of the SIGTERM only after the drain file exists (its
-    workers read it). Returns the exit status for the container. The same supervision as the
-    supervisor mode's ranks, with one child.
-    """
-    from rtj_trainer.runtime.supervisor import supervise_ranks
-
-    return supervise_ranks(argv, [env], marker, preexec=_die_with_parent, started=started, received=received)
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -574,7 +554,9 @@ def launch_supervised(env: TrainerEnv, command: list[str], child_env: dict[str, 
         log.info("run %d ranks of %s (slot %d)", len(envs), " ".join(command), env.slot)
         sys.stdout.flush()
         sys.stderr.flush()
-        code = supervisor.supervise_ranks(command, envs, marker, preexec=_die_with_parent, received=received)
+        code = supervisor.run_forwarding_drain(
+            command, envs, marker, preexec=_die_with_parent, received=received
+        )
         if code == 0 and endpoint is not None and not endpoint.wait_delivered(env.progress_linger_seconds):
             log.warning("final progress report not read within %.0f s", env.progress_linger_seconds)
     return code
@@ -595,10 +577,11 @@ def run_launcher(
     history: RankHistory | None = None,
     started: Callable[[Sequence[subprocess.Popen[bytes]]], None] | None = None,
 ) -> int:
-    """Run `argv` (ft_launcher, or the command in direct mode) under :func:`supervise` while the
-    endpoint serves the report (with `history`'s launcher view); returns its exit status."""
+    """Run `argv` (ft_launcher, or the command in direct mode) as a child that hears of a SIGTERM
+    after the drain is marked, while the endpoint serves the report (with `history`'s launcher
+    view); returns its exit status."""
     marker = Path(child_env["TMPDIR"]) / f"rtj-drain-{os.getpid()}"
-    from rtj_trainer.runtime.supervisor import record_signals
+    from rtj_trainer.runtime.supervisor import record_signals, run_forwarding_drain
 
     received = record_signals()  # before the endpoint: the pod may be deleted already
     with progress_endpoint(env, child_env, history) as endpoint:
@@ -608,7 +591,9 @@ def run_launcher(
         if history is not None:
             history.start(library_report=Path(child_env[PROGRESS_FILE_ENV]))
         try:
-            code = supervise(argv, child_env, marker, started=started, received=received)
+            code = run_forwarding_drain(
+                argv, [child_env], marker, preexec=_die_with_parent, started=started, received=received
+            )
         finally:
             if history is not None:
                 history.finish()
@@ -682,14 +667,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_step_log_pattern(env.step_log_pattern)
     except EnvError as err:
         return configuration_error(err)
-    if env.role == ROLE_SPARE and not env.supervised and not env.standby_spares:
+    if env.role == ROLE_SPARE and not env.supervisor_mode and not env.standby_spares:
         return idle_as_spare()
     if not args:
         print("usage: rtj-launch -- <training command...>", file=sys.stderr)
         return 2
     command = [_find_executable(args[0]), *args[1:]]
     child_env = dict(os.environ)
-    if env.supervised:
+    if env.supervisor_mode:
         return launch_supervised(env, command, child_env)
     # ft_launcher's IPC sockets, the rank records and the drain marker live in TMPDIR; a read-only
     # root filesystem needs it on a volume.

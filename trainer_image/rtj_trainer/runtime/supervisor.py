@@ -150,7 +150,7 @@ def _exit_status(returncode: int) -> int:
 
 
 def record_signals() -> list[int]:
-    """SIGTERM and SIGINT from now on recorded in the list returned, for :func:`supervise_ranks` to
+    """SIGTERM and SIGINT from now on recorded in the list returned, for :func:`run_forwarding_drain` to
     act on: a pod may be deleted while rtj-launch still starts its endpoint, before its children."""
     received: list[int] = []
 
@@ -162,7 +162,7 @@ def record_signals() -> list[int]:
     return received
 
 
-def supervise_ranks(
+def run_forwarding_drain(
     command: Sequence[str],
     envs: Sequence[dict[str, str]],
     marker: Path,
