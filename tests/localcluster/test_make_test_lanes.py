@@ -1,6 +1,7 @@
 """`make test` runs pytest in three lanes side by side (the Makefile's TEST_LANE_* and test-lane-*):
-every test folder is in exactly one lane, so a new folder cannot drop out of the suite, and the
-trainer's tests run a second time on NVRx 0.7.0."""
+every test file is in exactly one lane, so a new file or folder cannot drop out of the suite (a lane
+may take a folder, a folder less some files, or single files), and the trainer's tests run a second
+time on NVRx 0.7.0."""
 
 from __future__ import annotations
 
@@ -30,15 +31,26 @@ def lane_runs(targets: list[str]) -> list[list[str]]:
     return [shlex.split(line) for line in out.splitlines() if "bin/pytest" in line]
 
 
-def test_every_test_folder_is_in_exactly_one_lane_and_the_trainer_tests_run_again_on_nvrx_0_7() -> None:
+def lane_files(run: list[str]) -> list[str]:
+    """The test files one pytest run takes: its folders' less those it ignores, and its files."""
+    ignored = {arg.removeprefix("--ignore=") for arg in run if arg.startswith("--ignore=")}
+    files: list[str] = []
+    for arg in (arg for arg in run if arg.startswith("tests/")):
+        path = REPO / arg
+        found = sorted(path.glob("test_*.py")) if path.is_dir() else [path]
+        files += [str(f.relative_to(REPO)) for f in found if str(f.relative_to(REPO)) not in ignored]
+    return files
+
+
+def test_every_test_file_is_in_exactly_one_lane_and_the_trainer_tests_run_again_on_nvrx_0_7() -> None:
     targets = lane_targets()
     assert len(targets) == 3, targets
     runs = lane_runs(targets)
     assert len(runs) == 4, runs
     again = [run for run in runs if "RTJ_TEST_NVRX_VERSION=0.7.0" in run]
     assert len(again) == 1 and again[0][-1] == "tests/trainer", again
-    folders = [arg for run in runs if run not in again for arg in run if arg.startswith("tests/")]
-    on_disk = sorted({f"tests/{path.parent.name}" for path in (REPO / "tests").glob("*/test_*.py")})
-    assert sorted(folders) == on_disk, (folders, on_disk)
-    assert len(folders) == len(set(folders)), folders
+    files = [f for run in runs if run not in again for f in lane_files(run)]
+    on_disk = sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").glob("*/test_*.py"))
+    assert sorted(files) == on_disk, sorted(set(on_disk) ^ set(files))
+    assert len(files) == len(set(files)), [f for f in set(files) if files.count(f) > 1]
     assert not list((REPO / "tests").glob("test_*.py")), "a test file at the top of tests/ is in no lane"
