@@ -6,16 +6,16 @@ STAMP  := $(VENV)/.installed-stamp
 # `make test` runs pytest in three lanes side by side, each its own pytest process with its own
 # shared local cluster: the operator's tests (clusters and operators, mostly waiting on the control
 # plane); the trainer's, the demo's, the local cluster's and the API's; the chart's and two of the
-# operator's files, then the trainer tests again on NVRx 0.7.0. Two lanes kept 1.34 of the 2 cores busy and the third lane's work
-# waited for the second's. PYTEST_ARGS goes to every pytest run (options, not paths: to run a part,
-# call .venv/bin/pytest); TEST_REPORTS names a folder where each run writes its JUnit XML
-# (lane-operator.xml, lane-rest.xml, lane-chart.xml, lane-nvrx-0.7.0.xml).
+# operator's files, then the trainer tests again on NVRx 0.7.0. Two lanes kept 1.34 of the 2 cores
+# busy and the third lane's work waited for the second's. PYTEST_ARGS goes to every pytest run
+# (options, not paths: to run a part, call .venv/bin/pytest); TEST_REPORTS names a folder where each
+# run writes its JUnit XML (lane-operator.xml, lane-rest.xml, lane-chart.xml, lane-nvrx-0.7.0.xml).
 PYTEST_ARGS ?=
 TEST_REPORTS ?=
 TEST_LANE_OPERATOR := tests/operator
 TEST_LANE_REST     := tests/api tests/demo tests/localcluster tests/trainer
-# Two of the operator's files run in the chart's lane, which is the shortest (the lanes' CPU time
-# balanced on a cold run: 26.9, 25.0 and 19.9 minutes before).
+# Two of the operator's files run in the chart's lane, the shortest: on a cold run the lanes took
+# 26.9, 25.0 and 19.9 minutes before.
 TEST_LANE_CHART    := tests/chart tests/operator/test_operator_stall_cluster.py tests/operator/test_operator_ha.py
 # pytest-xdist workers inside each lane (0: none). On 2 cores the lanes use the cores already, and
 # xdist workers alone took longer than one process (42.5 min against about 31); machines with more

@@ -132,7 +132,10 @@ def test_own_script_is_seen_through_a_killed_rank_and_a_lost_node(
         job = _own_script_job(
             name,
             args=["--steps", str(steps), "--step-sleep", "0.2", "--ckpt-dir", CHECKPOINT_DIR],
-            progress={"stallAfterSeconds": 60, "stepLogPattern": STEP_PATTERN},
+            # A stall would be the operator blind to steps that come every 0.2 s; 180 s leaves room
+            # for the node loss's recovery on a loaded 2-core machine (once, beside two other lanes'
+            # start, no step came for over 60 s through it).
+            progress={"stallAfterSeconds": 180, "stepLogPattern": STEP_PATTERN},
             failurePolicy={"nodeLossGraceSeconds": 3, "backoffSeconds": 1},
         )
         apply(kc, job, tmp_path)
