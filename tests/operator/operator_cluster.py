@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 import yaml
-from rtj_localcluster.client import ApiError, SyncKubeClient
+from rtj_localcluster.client import RESOURCES, ApiError, SyncKubeClient, path_for
 from rtj_localcluster.testing import REAL_CLUSTER_ENV, create_namespace, kubectl, wait_for
 from rtj_operator import constants
 
@@ -72,16 +72,16 @@ def apply(kubeconfig: str | os.PathLike[str], manifest: dict[str, Any], tmp_path
     kubectl(kubeconfig, "apply", "-f", str(path))
 
 
-# kubectl's names of the resources the tests poll -> (API prefix, plural, namespaced).
-_POLLED: dict[str, tuple[str, str, bool]] = {
-    "rtj": (f"/apis/{constants.API_VERSION}", constants.PLURAL, True),
-    "pods": ("/api/v1", "pods", True),
-    "events": ("/api/v1", "events", True),
-    "node": ("/api/v1", "nodes", False),
-    "nodes": ("/api/v1", "nodes", False),
-    "pvc": ("/api/v1", "persistentvolumeclaims", True),
-    "service": ("/api/v1", "services", True),
-    "lease": ("/apis/coordination.k8s.io/v1", "leases", True),
+# kubectl's names of the resources the tests poll -> the local cluster client's (`client.RESOURCES`,
+# whose `path_for` knows their paths); the job's own resource is `rtj`.
+_POLLED = {
+    "pods": "pods",
+    "events": "events",
+    "node": "nodes",
+    "nodes": "nodes",
+    "pvc": "persistentvolumeclaims",
+    "service": "services",
+    "lease": "leases",
 }
 
 
@@ -93,13 +93,16 @@ def _polled_path(args: tuple[str, ...]) -> tuple[str, dict[str, str]] | None:
         namespace, rest = rest[1], rest[2:]
     if len(rest) == 3 and rest[1] == "-l":
         params, rest = {"labelSelector": rest[2]}, rest[:1]
-    if not 1 <= len(rest) <= 2 or rest[0] not in _POLLED:
+    if not 1 <= len(rest) <= 2:
         return None
-    prefix, plural, namespaced = _POLLED[rest[0]]
-    if namespaced != bool(namespace):
+    name = rest[1] if len(rest) == 2 else None
+    if rest[0] == "rtj" and namespace:
+        path = f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{constants.PLURAL}"
+        return (f"{path}/{name}" if name else path), params
+    resource = _POLLED.get(rest[0])
+    if resource is None or RESOURCES[resource][1] != bool(namespace):
         return None
-    path = f"{prefix}/namespaces/{namespace}/{plural}" if namespaced else f"{prefix}/{plural}"
-    return (f"{path}/{rest[1]}" if len(rest) == 2 else path), params
+    return path_for(resource, namespace or None, name), params
 
 
 def get(kubeconfig: str | os.PathLike[str], *args: str) -> dict[str, Any]:
