@@ -6,4 +6,4 @@
 # test left threads behind, making a run of a file without hypothesis tests exit 1 after they passed.
 import hypothesis  # noqa: F401
 
-pytest_plugins = ["rtj_localcluster.testing"]
+pytest_plugins = ["rtj_localcluster.testing", "pytester"]

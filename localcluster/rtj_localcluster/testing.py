@@ -9,7 +9,8 @@ Registered for the whole suite by ``tests/conftest.py``. Fixtures:
   cluster is started while the test before it runs, and stopped while the test after it runs
   (``cluster_pool``); a cluster serves one test only.
 - ``shared_local_cluster``: one ``LocalCluster`` for the session, for tests that only use the API
-  and the kubelet and leave the nodes alone.
+  and the kubelet and leave the nodes alone. The modules with a test on it run first, and it stops
+  after the last of them (``shared_cluster_modules_first``).
 - ``kubeconfig``: the path of a kubeconfig: ``RTJ_TEST_KUBECONFIG`` when set (a real cluster), else
   the shared local cluster's.
 - ``api``: a ``SyncKubeClient`` (the admin's) on the shared local cluster; ``namespace``: a fresh
@@ -207,18 +208,75 @@ def _upcoming(item: pytest.Item) -> list[pytest.Item]:
     return items[index : index + warm_clusters() + 1]
 
 
+SHARED_CLUSTER_FIXTURES = frozenset({"shared_local_cluster", "kubeconfig", "api", "namespace"})
+"""The fixtures through which a test may reach the shared cluster (``kubeconfig`` asks for it while
+it runs, so a test's static fixture closure does not name it)."""
+_SHARED = pytest.StashKey[LocalCluster]()
+_LAST_SHARED_MODULE = pytest.StashKey[str]()
+
+
+def uses_shared_cluster(item: pytest.Item) -> bool:
+    return bool(SHARED_CLUSTER_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def shared_cluster_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """`items` with the modules that have a test on the shared cluster first, each module whole and
+    in its order: an idle control plane takes about a tenth of a core, and a lane's shared cluster
+    otherwise idled through every test after its first user (20 minutes of demo and trainer tests)."""
+    users = {_module_of(item) for item in items if uses_shared_cluster(item)}
+    return sorted(items, key=lambda item: _module_of(item) not in users)  # sorted() is stable
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected theirs
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = shared_cluster_modules_first(items)
+    users = [_module_of(item) for item in items if uses_shared_cluster(item)]
+    if users:
+        config.stash[_LAST_SHARED_MODULE] = users[-1]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Stop the shared cluster once the last module with a test on it has been torn down (its
+    module-scoped fixtures included): no later test can reach it."""
+    try:
+        yield
+    finally:
+        leaving = nextitem is None or _module_of(nextitem) != _module_of(item)
+        cluster = shared_cluster_started(item.config)
+        if (
+            cluster is not None
+            and leaving
+            and _module_of(item) == item.config.stash.get(_LAST_SHARED_MODULE, None)
+        ):
+            cluster.stop()
+
+
+def shared_cluster_started(config: pytest.Config) -> LocalCluster | None:
+    """The shared cluster if this session started it and has not stopped it yet."""
+    cluster = config.stash.get(_SHARED, None)
+    return cluster if cluster is not None and cluster.control_plane is not None else None
+
+
 @pytest.fixture(scope="session")
-def shared_local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def shared_local_cluster(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[LocalCluster]:
     if os.environ.get(REAL_CLUSTER_ENV):
         pytest.skip(f"needs the embedded local cluster ({REAL_CLUSTER_ENV} names a real cluster)")
     cluster = LocalCluster(
         LocalClusterSettings(state_dir=tmp_path_factory.mktemp("shared-cluster"), **DEFAULT_TEST_SETTINGS)
     )
+    pytestconfig.stash[_SHARED] = cluster
     cluster.start()
     try:
         yield cluster
     finally:
-        cluster.stop()
+        cluster.stop()  # again if the last module on it stopped it: stop() is idempotent
 
 
 @pytest.fixture
