@@ -57,7 +57,7 @@ from rtj_operator.render import NODE_LOSS_TAINTS, render_base, render_worker_pod
 
 from rtj_demo.rehearsal import NAMESPACE, Stack
 from rtj_demo.report import LAYER_JOB_CONTROLLER, RecoveryRecord
-from rtj_demo.timeline import parse_time
+from rtj_demo.timeline import record_epoch_seconds
 
 # What the Job controller sets on its pods (Kubernetes' names).
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -291,7 +291,7 @@ class IndexedJob:
         for pod in self._list_pods():
             meta = pod.get("metadata") or {}
             index = (meta.get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION)
-            created = parse_time(meta.get("creationTimestamp"))
+            created = record_epoch_seconds(meta.get("creationTimestamp"))
             if meta.get("name") and index is not None and created is not None:
                 self.pods.setdefault(meta["name"], SeenPod(meta["name"], int(index), created))
 

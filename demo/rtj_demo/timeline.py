@@ -51,8 +51,8 @@ OPERATOR_EVENT_LAYERS = {
 }
 
 
-def parse_time(value: Any) -> float | None:
-    """Epoch seconds from an RFC 3339 string (any precision, `Z` or an offset) or a number."""
+def record_epoch_seconds(value: Any) -> float | None:
+    """A record's time as epoch seconds: an RFC 3339 string (any precision, `Z` or an offset) or a number."""
     if value is None or value == "":
         return None
     if isinstance(value, int | float):
@@ -151,8 +151,8 @@ def _step_source(ordered: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     node_0 = [r for r in stepping if r.get("nodeRank", 0) == 0]
     if not node_0:
         return ordered
-    gone, last_step = parse_time(node_0[-1].get("time")) or 0.0, int(node_0[-1]["step"])
-    after = [r for r in stepping if (parse_time(r.get("time")) or 0.0) > gone]
+    gone, last_step = record_epoch_seconds(node_0[-1].get("time")) or 0.0, int(node_0[-1]["step"])
+    after = [r for r in stepping if (record_epoch_seconds(r.get("time")) or 0.0) > gone]
     went_on = [r for r in after if int(r["step"]) > last_step]
     if not went_on:
         return node_0
@@ -172,14 +172,14 @@ def from_progress_records(records: Iterable[Mapping[str, Any]]) -> Timeline:
     `_acting_time`).
     """
     ordered = sorted(
-        (r for r in records if parse_time(r.get("time")) is not None),
-        key=lambda r: parse_time(r.get("time")) or 0.0,
+        (r for r in records if record_epoch_seconds(r.get("time")) is not None),
+        key=lambda r: record_epoch_seconds(r.get("time")) or 0.0,
     )
     timeline = Timeline()
     step_source = _step_source(ordered)
     previous: int | None = None
     for record in step_source:
-        step, when = record.get("step"), parse_time(record.get("time"))
+        step, when = record.get("step"), record_epoch_seconds(record.get("time"))
         if isinstance(step, int) and step > 0 and when is not None and step != previous:
             seconds = record.get("stepTimeSeconds")
             own = float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None
@@ -189,7 +189,7 @@ def from_progress_records(records: Iterable[Mapping[str, Any]]) -> Timeline:
     seen_ckpts: dict[int, float] = {}
     for record in ordered:
         ckpt = record.get("lastCheckpoint") or {}
-        ckpt_step, ckpt_time = ckpt.get("step"), parse_time(ckpt.get("time"))
+        ckpt_step, ckpt_time = ckpt.get("step"), record_epoch_seconds(ckpt.get("time"))
         if isinstance(ckpt_step, int) and ckpt_time is not None:
             seen_ckpts.setdefault(ckpt_step, ckpt_time)
         for event in record.get("events") or []:
@@ -222,8 +222,8 @@ def _acting_time(event: Mapping[str, Any]) -> float | None:
     after it. Not the recovery's end: every node records the event at its own first step, and a node
     whose clock reading comes a few milliseconds after rank 0's step report would otherwise fall
     outside the fault's recovery window."""
-    recovered = parse_time(event.get("recoveredEpoch")) or parse_time(event.get("time"))
-    fault = parse_time(event.get("faultEpoch")) or parse_time(event.get("faultTime"))
+    recovered = record_epoch_seconds(event.get("recoveredEpoch")) or record_epoch_seconds(event.get("time"))
+    fault = record_epoch_seconds(event.get("faultEpoch")) or record_epoch_seconds(event.get("faultTime"))
     if recovered is None or fault is None or fault > recovered:
         return recovered
     return (fault + recovered) / 2
@@ -238,7 +238,7 @@ def faults_from_markers(marker_dir: Path) -> list[FaultRecord]:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError):
                 continue
-            kind, step, when = data.get("kind"), data.get("step"), parse_time(data.get("time"))
+            kind, step, when = data.get("kind"), data.get("step"), record_epoch_seconds(data.get("time"))
             if not isinstance(kind, str) or when is None:
                 continue
             key = (kind, int(step) if isinstance(step, int) else -1)
@@ -299,10 +299,10 @@ def recoveries_from_events(events: Iterable[Mapping[str, Any]]) -> list[Recovery
             continue
         meta = event.get("metadata") or {}
         when = (
-            parse_time(event.get("eventTime"))
-            or parse_time(event.get("lastTimestamp"))
-            or parse_time(event.get("firstTimestamp"))
-            or parse_time(meta.get("creationTimestamp"))
+            record_epoch_seconds(event.get("eventTime"))
+            or record_epoch_seconds(event.get("lastTimestamp"))
+            or record_epoch_seconds(event.get("firstTimestamp"))
+            or record_epoch_seconds(meta.get("creationTimestamp"))
         )
         if when is not None:
             out.append(RecoveryRecord(time=when, layer=layer))

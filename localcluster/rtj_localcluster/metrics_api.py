@@ -137,7 +137,7 @@ def _resource_usage(usage: Usage) -> dict[str, str]:
     return {"cpu": cpu_quantity(usage.cpu_cores), "memory": memory_quantity(usage.memory_bytes)}
 
 
-class MetricsStore:
+class ScrapeHistory:
     """Each node's last two scrapes, and the usage between them."""
 
     def __init__(self) -> None:
@@ -210,7 +210,7 @@ class MetricsApiServer:
         self._pods = pods
         self._ca = ca
         self._resolution = resolution_seconds
-        self.store = MetricsStore()
+        self.scrapes = ScrapeHistory()
         self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._ssl.load_cert_chain(str(serving.cert), str(serving.key))
         self._kubelet_ssl = ssl.create_default_context(cafile=str(ca))
@@ -252,9 +252,9 @@ class MetricsApiServer:
         for name in nodes:
             scrape = scraped.get(name)
             if scrape is None:
-                self.store.forget(name)  # an unreachable kubelet has no metrics, not stale ones
+                self.scrapes.forget(name)  # an unreachable kubelet has no metrics, not stale ones
             else:
-                self.store.record(name, scrape)
+                self.scrapes.record(name, scrape)
 
     async def _scrape(self, url: str) -> NodeScrape | None:
         if self._session is None:
@@ -378,7 +378,7 @@ class MetricsApiServer:
             return web.Response(status=error.status, text=error.body, content_type="application/json")
         items = []
         for node in sorted(n["metadata"]["name"] for n in self._nodes.items()):
-            usage = self.store.node_usage(node)
+            usage = self.scrapes.node_usage(node)
             if usage is not None and (selected is None or f"/{node}" in selected):
                 items.append(self._node_item(node, usage))
         return web.json_response(
@@ -387,7 +387,7 @@ class MetricsApiServer:
 
     async def _node_one(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        usage = self.store.node_usage(name)
+        usage = self.scrapes.node_usage(name)
         if usage is None:
             return _status(404, "NotFound", f'nodemetrics.{GROUP} "{name}" not found')
         return web.json_response(
@@ -402,7 +402,7 @@ class MetricsApiServer:
             return web.Response(status=error.status, text=error.body, content_type="application/json")
         items = [
             self._pod_item(ns, pod, containers)
-            for (ns, pod), containers in self.store.pod_usage().items()
+            for (ns, pod), containers in self.scrapes.pod_usage().items()
             if (namespace is None or ns == namespace) and (selected is None or f"{ns}/{pod}" in selected)
         ]
         return web.json_response(
@@ -411,7 +411,7 @@ class MetricsApiServer:
 
     async def _pod_one(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        containers = self.store.pod_usage().get((namespace, name))
+        containers = self.scrapes.pod_usage().get((namespace, name))
         if not containers:
             return _status(404, "NotFound", f'podmetrics.{GROUP} "{namespace}/{name}" not found')
         return web.json_response(

@@ -27,8 +27,8 @@ from rtj_demo.timeline import (
     align_fault_times,
     faults_from_markers,
     from_progress_records,
-    parse_time,
     read_json_lines,
+    record_epoch_seconds,
     recoveries_from_events,
 )
 
@@ -40,11 +40,11 @@ def _iso(epoch: float) -> str:
 
 
 def test_parse_time_accepts_rfc3339_variants() -> None:
-    assert parse_time("1970-01-01T00:00:10Z") == 10.0
-    assert parse_time("1970-01-01T00:00:10.250000+00:00") == 10.25
-    assert parse_time(12) == 12.0
-    assert parse_time(None) is None
-    assert parse_time("not a time") is None
+    assert record_epoch_seconds("1970-01-01T00:00:10Z") == 10.0
+    assert record_epoch_seconds("1970-01-01T00:00:10.250000+00:00") == 10.25
+    assert record_epoch_seconds(12) == 12.0
+    assert record_epoch_seconds(None) is None
+    assert record_epoch_seconds("not a time") is None
 
 
 def test_progress_records_give_steps_checkpoints_and_trainer_recoveries() -> None:

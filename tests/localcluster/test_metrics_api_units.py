@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import psutil
 import pytest
 from rtj_localcluster.metrics_api import (
-    MetricsStore,
     NodeScrape,
     Point,
+    ScrapeHistory,
     cpu_quantity,
     memory_quantity,
     parse_scrape,
@@ -109,17 +109,17 @@ def test_usage_is_the_counters_rate_over_the_window_and_none_when_it_went_back()
 
 
 def test_the_store_serves_usage_from_a_nodes_second_scrape_until_the_node_is_forgotten() -> None:
-    store = MetricsStore()
+    history = ScrapeHistory()
 
     def scrape(cpu: float, ts: float) -> NodeScrape:
         return NodeScrape(Point(cpu, 10.0, ts), {("ns", "p", "c"): Point(cpu, 10.0, ts)})
 
-    store.record("n1", scrape(1.0, 100.0))
-    assert store.node_usage("n1") is None and store.pod_usage() == {}
-    store.record("n1", scrape(3.0, 110.0))
-    node = store.node_usage("n1")
+    history.record("n1", scrape(1.0, 100.0))
+    assert history.node_usage("n1") is None and history.pod_usage() == {}
+    history.record("n1", scrape(3.0, 110.0))
+    node = history.node_usage("n1")
     assert node is not None and node.cpu_cores == pytest.approx(0.2)
-    [(container, usage)] = store.pod_usage()[("ns", "p")]
+    [(container, usage)] = history.pod_usage()[("ns", "p")]
     assert container == "c" and usage.cpu_cores == pytest.approx(0.2)
-    store.forget("n1")
-    assert store.node_usage("n1") is None and store.pod_usage() == {}
+    history.forget("n1")
+    assert history.node_usage("n1") is None and history.pod_usage() == {}
