@@ -18,17 +18,19 @@ REPO = Path(__file__).resolve().parents[2]
 LAYERS: dict[str, tuple[frozenset[str], ...]] = {
     "rtj_localcluster": (
         # Parts with no other part below them: the API client, programs, certificates, ports, the
-        # pod's environment and identity, the log server, the SPDY framing, the resource figures.
+        # pod's environment and identity, the log server, the SPDY framing, the resource figures,
+        # the event loop's thread.
         frozenset(
             {
-                "binaries", "certs", "client", "cluster_pool", "identity", "logserver", "marks",
-                "podenv", "podnet", "podsite", "ports", "resource_metrics", "spdy",
+                "binaries", "certs", "client", "cluster_pool", "identity", "logserver", "loop_thread",
+                "marks", "podenv", "podnet", "podsite", "ports", "resource_metrics", "spdy",
             }
         ),
         # What a cluster is made of: the control plane's processes, node objects and their leases,
         # DNS, volumes, exec/attach/port-forward streams, the metrics API.
         frozenset({"controlplane", "dns", "metrics_api", "nodes", "streaming", "volumes"}),
         frozenset({"kubelet"}),
+        frozenset({"fleet"}),
         frozenset({"cluster"}),
         # The entry points: `rtj-local` and the pytest fixtures.
         frozenset({"cli", "testing"}),
