@@ -133,14 +133,23 @@ def pods(kubeconfig: str | os.PathLike[str], namespace: str, job: str) -> dict[s
     return {p["metadata"]["name"]: p for p in items}
 
 
-def event_reasons(kubeconfig: str | os.PathLike[str], namespace: str, job: str) -> list[str]:
+def job_events(kubeconfig: str | os.PathLike[str], namespace: str, job: str) -> list[dict[str, Any]]:
     items = get(kubeconfig, "-n", namespace, "events").get("items") or []
     return [
-        e.get("reason", "")
+        e
         for e in items
         if e.get("involvedObject", {}).get("kind") == constants.KIND
         and e["involvedObject"].get("name") == job
     ]
+
+
+def event_reasons(kubeconfig: str | os.PathLike[str], namespace: str, job: str) -> list[str]:
+    return [e.get("reason", "") for e in job_events(kubeconfig, namespace, job)]
+
+
+def event_lines(kubeconfig: str | os.PathLike[str], namespace: str, job: str) -> str:
+    """The job's Events as `reason: message` lines, for an assertion's message."""
+    return "\n".join(f"{e.get('reason')}: {e.get('message')}" for e in job_events(kubeconfig, namespace, job))
 
 
 def wait_state(

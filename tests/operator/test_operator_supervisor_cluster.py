@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_cluster import apply, event_reasons, install_crd, job_manifest, job_status, pods, wait_state
+from operator_cluster import (
+    apply,
+    event_lines,
+    event_reasons,
+    install_crd,
+    job_manifest,
+    job_status,
+    pods,
+    wait_state,
+)
 from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.ports import reserve_port_pair
 from rtj_localcluster.testing import kubectl, wait_for
@@ -133,7 +142,7 @@ def test_a_supervisor_job_keeps_its_store_apart_and_loses_worker_zeros_node_with
         }
         for name in (store, f"{JOB}-worker-1"):
             assert after[name]["metadata"]["uid"] == before[name], name
-        assert status["restarts"]["podReplacement"] == 1
+        assert status["restarts"]["podReplacement"] == 1, event_lines(kc, "default", JOB)
         assert [f["nodeName"] for f in status["nodeFaults"]] == [lost]
         reasons = event_reasons(kc, "default", JOB)
         assert events.NODE_LOST in reasons and events.WORKER_REPLACED in reasons
