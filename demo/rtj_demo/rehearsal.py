@@ -401,7 +401,7 @@ class Stack:
 
     def volume_dir(self, job_name: str) -> Path | None:
         """The real directory behind the job's checkpoint volume (None until the claim is bound)."""
-        from rtj_localcluster.kubelet import volume_directory
+        from rtj_localcluster.pod_volumes import volume_directory
 
         pvc = self.core.read_namespaced_persistent_volume_claim(f"{job_name}-checkpoints", NAMESPACE)
         if not pvc.spec or not pvc.spec.volume_name or not pvc.status or pvc.status.phase != "Bound":

@@ -122,7 +122,7 @@ class Fleet:
             ips=self._ips,
             serving=self._control_plane.pki_serving("kubelet-serving"),
         )
-        await kubelet.register()
+        await kubelet.reporter.register()
         kubelet.start()
         self._kubelets[name] = kubelet
         return name

@@ -1,13 +1,16 @@
 """The process kubelet of one simulated node: registers the Node, renews its heartbeat Lease, and
 runs each container of the pods bound to it as a local process group.
 
-Per pod (``PodWorker``): a directory ``<state>/pods/<ns>_<pod>_<uid>/`` holding ``<container>.log``
-(read by the API server's ``pods/log``), volumes (PVC -> the bound PV's directory, emptyDir,
-hostPath, configMap/secret files), the service-account files and a working directory; a short
-per-pod ``TMPDIR`` (IPC socket paths must stay under 108 bytes); a loopback pod IP. Mount paths in
-env values, command/args and workingDir are rewritten to the real directories (``podenv``).
-Status (phase, conditions, containerStatuses) goes to ``pods/status``; deletion sends SIGTERM, then
-SIGKILL after the grace period, then finishes the delete with gracePeriodSeconds=0.
+Per pod (``PodWorker``, which runs the pod's containers through their restart policy and terminates
+them): a directory ``<state>/pods/<ns>_<pod>_<uid>/`` holding ``<container>.log`` (read by the API
+server's ``pods/log``), volumes (``pod_volumes``: PVC -> the bound PV's directory, emptyDir,
+hostPath, configMap/secret files, projected tokens), the service-account files and a working
+directory; a short per-pod ``TMPDIR`` (IPC socket paths must stay under 108 bytes); a loopback pod
+IP. ``ContainerLauncher`` starts each container: mount paths in env values, command/args and
+workingDir are rewritten to the real directories (``podenv``); an exec readiness probe runs beside
+it (``probes``). ``PodStatusWriter`` sends the status (phase, conditions, containerStatuses) to
+``pods/status``; deletion sends SIGTERM, then SIGKILL after the grace period, then finishes the
+delete with gracePeriodSeconds=0.
 
 Containers run as their securityContext's runAsUser/runAsGroup/fsGroup when the kubelet runs as root
 (``identity``: a real kubelet's user switch and emptyDir ownership).
@@ -18,7 +21,8 @@ container's processes by that mark (like a cgroup) rather than by process group 
 
 The node's HTTPS server (``logserver``) serves ``kubectl logs``, and ``exec``, ``attach`` and
 ``port-forward`` (``streaming``: a command runs as one of the container's processes; a container
-with ``stdin: true`` gets a stdin pipe for attach).
+with ``stdin: true`` gets a stdin pipe for attach); ``ContainerAccess`` finds the container each
+request names. ``NodeReporter`` registers the Node and its Lease and keeps both current.
 
 Faults (``kill``, ``partition``, ``heal``, ``kill_container``) are driven by ``LocalCluster``.
 """
@@ -26,7 +30,6 @@ Faults (``kill``, ``partition``, ``heal``, ``kill_container``) are driven by ``L
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import functools
 import logging
@@ -34,7 +37,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,11 +50,11 @@ from .client import ApiError, Informer, KubeClient, now_micro, now_rfc3339, path
 from .logserver import LogServer
 from .marks import signal_matching
 from .nodes import NODE_LEASE_NAMESPACE, Degradation, NodeProfile, node_status, ready_condition
+from .pod_volumes import PodVolumes, get_optional
 from .podenv import (
     SERVICE_ACCOUNT_DIR,
     condition,
     container_argv,
-    field_ref_value,
     merge_conditions,
     normalise_mounts,
     pod_phase,
@@ -59,6 +62,7 @@ from .podenv import (
     rewrite_path,
 )
 from .podnet import OWNER_ENV, IpAllocator, container_env, library, taken_ports
+from .probes import probe_readiness
 from .resource_metrics import MachineScan, ResourceEndpoint, RunningContainer
 from .streaming import AttachTarget, ExecTarget, StreamingEndpoints, StreamingError
 
@@ -123,13 +127,6 @@ TERMINATION_MESSAGE_LIMIT = 4096
 TERMINATION_LOG_LINES = 80
 
 
-class MissingVolumeSourceError(RuntimeError):
-    """A ConfigMap or Secret a pod's volume needs (and does not mark optional) does not exist."""
-
-    def __init__(self, volume: str, kind: str, name: str) -> None:
-        super().__init__(f'MountVolume.SetUp failed for volume "{volume}": {kind.lower()} "{name}" not found')
-
-
 def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
@@ -189,6 +186,271 @@ class ContainerRuntime:
         return result
 
 
+class ContainerLauncher:
+    """Starts a pod's containers as local process groups: each one's mounts, environment (its
+    ConfigMaps' and Secrets' values, the node's and the pod's own), argv, user and log file, and reads
+    its termination message when it exits."""
+
+    def __init__(self, worker: PodWorker) -> None:
+        self.worker = worker
+
+    async def wait_for_free_ports(self, c: ContainerRuntime) -> bool:
+        """Without the pod network library a pod binds the machine's own ports: while a declared
+        containerPort is taken, the container waits (reason PortInUse) instead of crash-looping.
+        False when the pod terminates meanwhile."""
+        if library().path is not None:
+            return True
+        while taken := await asyncio.to_thread(taken_ports, c.spec, self.worker.owner_uid):
+            message = (
+                f"containerPort {', '.join(map(str, taken))} is in use on this machine; pods share its "
+                f"ports because the pod network library is missing ({library().reason})"
+            )
+            if c.waiting != ("PortInUse", message):
+                c.waiting = ("PortInUse", message)
+                self.worker.event("Warning", "PortInUse", message)
+                self.worker.changed.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.worker.terminating.wait(), timeout=2)
+            if self.worker.terminating.is_set():
+                return False
+        return True
+
+    def service_account_dir(self) -> str | None:
+        """The real directory of the volume mounted at the service-account path, if any."""
+        for container in self.worker.pod.get("spec", {}).get("containers") or []:
+            for mount in container.get("volumeMounts") or []:
+                if mount.get("mountPath", "").rstrip("/") == SERVICE_ACCOUNT_DIR:
+                    return self.worker.volumes.get(mount["name"])
+        return None
+
+    def mounts_for(self, container: Mapping[str, Any]) -> list[tuple[str, str]]:
+        mounts: dict[str, str] = {}
+        for mount in container.get("volumeMounts") or []:
+            real = self.worker.volumes.get(mount["name"])
+            if real is None:
+                raise RuntimeError(f"volumeMount {mount['name']!r} names no volume of the pod")
+            if mount.get("subPath"):
+                real = str(Path(real) / mount["subPath"])
+                Path(real).mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = real
+        # The container's terminationMessagePath is a file of the pod's directory, read at exit.
+        message_path = container.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
+        mounts.setdefault(message_path, str(self.termination_message_file(container["name"])))
+        return normalise_mounts(mounts)
+
+    def termination_message_file(self, container: str) -> Path:
+        return self.worker.dir / f"{container}.termination-log"
+
+    def reset_termination_message(self, container: str) -> None:
+        """An empty message file that the container's user (runAsUser) may write."""
+        path = self.termination_message_file(container)
+        path.write_bytes(b"")
+        path.chmod(0o666)
+
+    def termination_message(self, c: ContainerRuntime, code: int) -> str:
+        """What the container wrote to its terminationMessagePath (at most 4096 bytes), or with
+        FallbackToLogsOnError and a failure, the tail of its log, as a kubelet reports it."""
+        with contextlib.suppress(OSError):
+            with self.termination_message_file(c.name).open("rb") as written:
+                message = written.read(TERMINATION_MESSAGE_LIMIT).decode(errors="replace").strip()
+            if message:
+                return message
+        if code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            with contextlib.suppress(OSError):
+                lines = self.worker.log_path(c.name).read_bytes().decode(errors="replace").splitlines()
+                return "\n".join(lines[-TERMINATION_LOG_LINES:])[-TERMINATION_MESSAGE_LIMIT:]
+        return ""
+
+    async def _sources(self, container: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        configmaps: dict[str, Any] = {}
+        secrets: dict[str, Any] = {}
+        refs: list[tuple[str, str]] = []
+        for source in container.get("envFrom") or []:
+            for kind in ("configMap", "secret"):
+                if source.get(f"{kind}Ref"):
+                    refs.append((kind, source[f"{kind}Ref"].get("name", "")))
+        for item in container.get("env") or []:
+            for kind in ("configMap", "secret"):
+                ref = (item.get("valueFrom") or {}).get(f"{kind}KeyRef")
+                if ref:
+                    refs.append((kind, ref.get("name", "")))
+        for kind, name in refs:
+            store, resource = (configmaps, "configmaps") if kind == "configMap" else (secrets, "secrets")
+            obj = await get_optional(self.worker.kubelet.client, resource, self.worker.namespace, name)
+            if obj is not None:
+                store[name] = obj
+        return configmaps, secrets
+
+    def _base_env(self, container_name: str) -> dict[str, str]:
+        config = self.worker.kubelet.config
+        env = {k: v for k, v in os.environ.items() if k not in _HOST_ENV_DROPPED}
+        env["PATH"] = f"{config.bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
+        existing = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = f"{SITE_DIR}{os.pathsep}{existing}" if existing else str(SITE_DIR)
+        env["TMPDIR"] = str(self.worker.tmp_dir)
+        env["HOME"] = str(self.worker.dir / "work")
+        env["HOSTNAME"] = self.worker.pod.get("spec", {}).get("hostname") or self.worker.name
+        env["KUBERNETES_SERVICE_HOST"] = config.api_host
+        env["KUBERNETES_SERVICE_PORT"] = str(config.api_port)
+        env["KUBERNETES_SERVICE_PORT_HTTPS"] = str(config.api_port)
+        env[HOSTS_FILE_ENV] = str(config.hosts_file)
+        # Programs that cannot see the mount-path rewriting (a constant in code, not an env value)
+        # find the service-account files through this (rtj_trainer.library.progress and podsite read it).
+        account_dir = self.service_account_dir()
+        if account_dir:
+            env["RTJ_SERVICE_ACCOUNT_DIR"] = account_dir
+        env["RTJ_LOCAL_POD_NAMESPACE"] = self.worker.namespace
+        env.update(config.extra_env)
+        env[MARK_POD] = self.worker.uid
+        env[MARK_CONTAINER] = container_name
+        env[MARK_NODE] = self.worker.kubelet.name
+        env[OWNER_ENV] = self.worker.owner_uid
+        return env
+
+    async def spawn(self, c: ContainerRuntime) -> asyncio.subprocess.Process:
+        mounts = self.mounts_for(c.spec)
+        self.reset_termination_message(c.name)
+        configmaps, secrets = await self._sources(c.spec)
+        env = resolve_env(
+            c.spec,
+            self.worker.pod,
+            base=self._base_env(c.name),
+            pod_ip=self.worker.pod_ip,
+            host_ip=self.worker.kubelet.host_ip,
+            configmaps=configmaps,
+            secrets=secrets,
+            node_allocatable=self.worker.kubelet.profile.resources,
+            mounts=mounts,
+        )
+        # The identity marks must survive a user env that happens to reuse the names.
+        env.update(self.worker.kubelet.config.extra_env)
+        env.update({MARK_POD: self.worker.uid, MARK_CONTAINER: c.name, MARK_NODE: self.worker.kubelet.name})
+        env[OWNER_ENV] = self.worker.owner_uid
+        container_env(env, self.worker.pod_ip)  # the pod's own wildcard address (rtj_localcluster.podnet)
+        argv = container_argv(
+            self.worker.kubelet.with_entrypoint(c.spec), env, mounts, host_file_of_the_image
+        )
+        working_dir = c.spec.get("workingDir")
+        cwd = Path(rewrite_path(working_dir, mounts)) if working_dir else self.worker.dir / "work"
+        cwd.mkdir(parents=True, exist_ok=True)
+        run_as = identity.run_as(self.worker.pod, c.spec)
+        if run_as is not None:
+            # The container's writable layer: its TMPDIR and HOME (the default working directory).
+            identity.give_to(
+                run_as, *(p for p in (self.worker.tmp_dir, self.worker.dir / "work") if p is not None)
+            )
+            identity.user_env(run_as, env)
+            argv = [*identity.command_prefix(run_as), *argv]
+        c.env, c.cwd, c.mounts = env, str(cwd), mounts
+        with self.worker.log_path(c.name).open("ab") as log_file:
+            return await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=str(cwd),
+                env=env,
+                # `stdin: true` keeps a pipe open for `kubectl attach -i` (and `kubectl run -i`).
+                stdin=asyncio.subprocess.PIPE if c.spec.get("stdin") else asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def readiness_probe(self, c: ContainerRuntime, probe: Mapping[str, Any]) -> Coroutine[Any, Any, None]:
+        """The exec readinessProbe of `c`, with the container's env, mounts and working directory."""
+        argv = container_argv(
+            {"command": probe["exec"].get("command") or []}, c.env, c.mounts, host_file_of_the_image
+        )
+
+        def report(ready: bool) -> None:
+            c.probe_ready = ready
+            self.worker.changed.set()
+
+        return probe_readiness(argv, env=c.env, cwd=c.cwd, probe=probe, report=report)
+
+
+class PodStatusWriter:
+    """A pod's status as its kubelet reports it: phase, conditions, container statuses and IPs, built
+    from the worker's state and patched to ``pods/status`` whenever the worker marks a change."""
+
+    def __init__(self, worker: PodWorker) -> None:
+        self.worker = worker
+
+    def build(self) -> dict[str, Any]:
+        w, now = self.worker, now_rfc3339()
+        if w.failed_message is not None:
+            phase = "Failed"
+        else:
+            phase = pod_phase(
+                [
+                    (
+                        c.started_once,
+                        None if c.running else (c.terminated or {}).get("exitCode"),
+                        c.will_restart,
+                    )
+                    for c in w.containers
+                ]
+            )
+        terminal = phase in ("Succeeded", "Failed")
+        all_ready = bool(w.containers) and all(c.ready for c in w.containers)
+        ready = all_ready and not w.terminating.is_set()
+        not_ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
+        wanted = [
+            condition("PodReadyToStartContainers", bool(w.pod_ip), now),
+            condition(
+                "Initialized", w.initialized, now, None if w.initialized else "ContainersNotInitialized"
+            ),
+            condition("Ready", ready, now, None if ready else not_ready_reason),
+            condition("ContainersReady", ready, now, None if ready else not_ready_reason),
+            condition("PodScheduled", True, now),
+        ]
+        status: dict[str, Any] = {
+            "phase": phase,
+            "conditions": merge_conditions(w.pod.get("status", {}).get("conditions") or [], wanted),
+            "hostIP": w.kubelet.host_ip,
+            "hostIPs": [{"ip": w.kubelet.host_ip}],
+            "startTime": w.start_time,
+            "containerStatuses": [c.status() for c in w.containers],
+        }
+        if w.init_containers:
+            status["initContainerStatuses"] = [c.status() for c in w.init_containers]
+        if w.pod_ip:
+            status["podIP"] = w.pod_ip
+            status["podIPs"] = [{"ip": w.pod_ip}]
+        if w.failed_message:
+            status["message"] = w.failed_message
+        return status
+
+    async def run(self) -> None:
+        while True:
+            await self.worker.changed.wait()
+            await self.worker.kubelet.connected.wait()
+            self.worker.changed.clear()
+            await self.write()
+            # Coalesce bursts of changes (several containers starting at once) into one patch.
+            await asyncio.sleep(0.05)
+
+    async def write(self) -> None:
+        status = self.build()
+        try:
+            updated = await self.worker.kubelet.client.patch(
+                path_for("pods", self.worker.namespace, self.worker.name, "status"),
+                # The uid makes the patch conditional: a new pod of the same name (a resumed job's
+                # worker) must never receive this one's status.
+                {"metadata": {"uid": self.worker.uid}, "status": status},
+            )
+            if isinstance(updated, dict):
+                self.worker.pod = updated
+        except ApiError as error:
+            # 404: deleted; 409: the uid precondition failed (the name now belongs to a new pod).
+            if error.status not in (404, 409):
+                self._failed(error)
+        except Exception as error:
+            self._failed(error)
+
+    def _failed(self, error: Exception) -> None:
+        log.warning("pod %s/%s status update failed: %s", self.worker.namespace, self.worker.name, error)
+        self.worker.changed.set()  # try again
+
+
 class PodWorker:
     """Runs one pod: prepare volumes, run init containers then containers, report, terminate."""
 
@@ -214,16 +476,18 @@ class PodWorker:
         self.volumes: dict[str, str] = {}
         self.terminating = asyncio.Event()
         self.finished = False
-        self._dirty = asyncio.Event()
+        self.changed = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._terminate_task: asyncio.Task[None] | None = None
+        self.launcher = ContainerLauncher(self)
+        self.status = PodStatusWriter(self)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._run(), name=f"pod {self.name}"))
-        self._tasks.append(asyncio.create_task(self._status_writer(), name=f"status {self.name}"))
-        self._dirty.set()
+        self._tasks.append(asyncio.create_task(self.status.run(), name=f"status {self.name}"))
+        self.changed.set()
 
     def event(self, event_type: str, reason: str, message: str) -> None:
         """Record an Event about the pod in the background (kubectl describe shows them)."""
@@ -255,22 +519,22 @@ class PodWorker:
             log.warning("pod %s/%s cannot start: %s", self.namespace, self.name, error)
             for c in self.containers:
                 c.waiting = ("CreateContainerConfigError", str(error))
-            self._dirty.set()
+            self.changed.set()
             return
         for init in self.init_containers:
             if not await self._run_container(init):
                 self.failed_message = f"init container {init.name} failed"
-                self._dirty.set()
+                self.changed.set()
                 return
         self.initialized = True
-        self._dirty.set()
+        self.changed.set()
         await asyncio.gather(*(self._run_container(c) for c in self.containers))
 
     async def _run_container(self, c: ContainerRuntime) -> bool:
         """Run ``c`` until the restart policy stops it; True when its last run exited 0."""
         backoff = self.kubelet.config.restart_backoff_seconds
         while True:
-            if self.terminating.is_set() or not await self._wait_for_free_ports(c):
+            if self.terminating.is_set() or not await self.launcher.wait_for_free_ports(c):
                 return False
             code = await self._run_once(c)
             if self.terminating.is_set():
@@ -282,12 +546,12 @@ class PodWorker:
             c.will_restart = True
             c.waiting = ("CrashLoopBackOff", f"back-off {backoff:g}s restarting failed container {c.name}")
             self.event("Warning", "BackOff", f"Back-off {backoff:g}s restarting container {c.name}")
-            self._dirty.set()
+            self.changed.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.terminating.wait(), timeout=backoff)
             if self.terminating.is_set():
                 c.will_restart = False
-                self._dirty.set()
+                self.changed.set()
                 return code == 0
             backoff = min(backoff * 2, self.kubelet.config.max_restart_backoff_seconds)
             c.restart_count += 1
@@ -296,30 +560,9 @@ class PodWorker:
             with contextlib.suppress(OSError):
                 os.replace(self.log_path(c.name), self.dir / f"{c.name}.previous.log")
 
-    async def _wait_for_free_ports(self, c: ContainerRuntime) -> bool:
-        """Without the pod network library a pod binds the machine's own ports: while a declared
-        containerPort is taken, the container waits (reason PortInUse) instead of crash-looping.
-        False when the pod terminates meanwhile."""
-        if library().path is not None:
-            return True
-        while taken := await asyncio.to_thread(taken_ports, c.spec, self.owner_uid):
-            message = (
-                f"containerPort {', '.join(map(str, taken))} is in use on this machine; pods share its "
-                f"ports because the pod network library is missing ({library().reason})"
-            )
-            if c.waiting != ("PortInUse", message):
-                c.waiting = ("PortInUse", message)
-                self.event("Warning", "PortInUse", message)
-                self._dirty.set()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.terminating.wait(), timeout=2)
-            if self.terminating.is_set():
-                return False
-        return True
-
     async def _run_once(self, c: ContainerRuntime) -> int:
         try:
-            process = await self._spawn(c)
+            process = await self.launcher.spawn(c)
         except asyncio.CancelledError:
             raise
         except Exception as error:
@@ -332,7 +575,7 @@ class PodWorker:
                 "startedAt": stamp,
                 "finishedAt": stamp,
             }
-            self._dirty.set()
+            self.changed.set()
             return 128
         c.exited.clear()
         c.process = process
@@ -345,8 +588,8 @@ class PodWorker:
         prober: asyncio.Task[None] | None = None
         if probe.get("exec"):
             c.probe_ready = False
-            prober = asyncio.create_task(self._probe_readiness(c, probe), name=f"probe {self.name}")
-        self._dirty.set()
+            prober = asyncio.create_task(self.launcher.readiness_probe(c, probe), name=f"probe {self.name}")
+        self.changed.set()
         try:
             returncode = await process.wait()
         finally:
@@ -365,10 +608,10 @@ class PodWorker:
         }
         if returncode < 0:
             c.terminated["signal"] = -returncode
-        if message := self._termination_message(c, code):
+        if message := self.launcher.termination_message(c, code):
             c.terminated["message"] = message
         c.exited.set()
-        self._dirty.set()
+        self.changed.set()
         return code
 
     # -- preparation ---------------------------------------------------------------------------
@@ -378,411 +621,25 @@ class PodWorker:
         (self.dir / "work").mkdir(exist_ok=True)
         self.tmp_dir = _short_temp_dir(f"rtj-{self.uid[:8]}-")
         self.pod_ip = self.kubelet.ips.allocate()
-        self._dirty.set()
-        for volume in self.pod.get("spec", {}).get("volumes") or []:
-            self.volumes[volume["name"]] = await self._mount_when_sources_exist(volume)
-
-    async def _mount_when_sources_exist(self, volume: Mapping[str, Any]) -> str:
-        """Like a kubelet, wait (ContainerCreating, a FailedMount event) while a ConfigMap or Secret
-        the volume needs does not exist yet: the root CA ConfigMap of a new namespace, for one,
-        is published by the controller manager a moment after the namespace appears."""
-        delay = 0.5
-        while True:
-            try:
-                return await self._prepare_volume(volume)
-            except MissingVolumeSourceError as missing:
-                for c in self.containers:
-                    c.waiting = ("ContainerCreating", str(missing))
-                self.event("Warning", "FailedMount", str(missing))
-                self._dirty.set()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 8.0)
-
-    async def _prepare_volume(self, volume: Mapping[str, Any]) -> str:
-        name = volume["name"]
-        own = self.dir / "volumes" / name
-        if "emptyDir" in volume:
-            medium = (volume["emptyDir"] or {}).get("medium")
-            if medium == "Memory" and self.tmp_dir is not None:
-                own = self.tmp_dir / "shm" / name  # a tmpfs-backed /tmp is the closest, and is cleaned up
-            own.mkdir(parents=True, exist_ok=True)
-            identity.prepare_empty_dir(own, self.pod)
-            return str(own)
-        if "hostPath" in volume:
-            return _host_path(volume["hostPath"])
-        if "persistentVolumeClaim" in volume:
-            return await self._wait_for_claim(volume["persistentVolumeClaim"]["claimName"])
-        for kind, resource, key in (("configMap", "configmaps", "name"), ("secret", "secrets", "secretName")):
-            if kind in volume:
-                source = volume[kind] or {}
-                obj = await self._get_optional(resource, source.get(key, ""))
-                if obj is None and not source.get("optional"):
-                    raise MissingVolumeSourceError(name, kind, source.get(key, ""))
-                self._write_files(own, obj or {}, decode=kind == "secret", items=source.get("items"))
-                return str(own)
-        if "projected" in volume:
-            await self._write_projected(own, volume["projected"] or {})
-            return str(own)
-        if "downwardAPI" in volume:
-            self._write_downward_api(own, (volume["downwardAPI"] or {}).get("items") or [])
-            return str(own)
-        raise RuntimeError(f"volume {name!r}: unsupported volume type")
-
-    async def _write_projected(self, target: Path, projected: Mapping[str, Any]) -> None:
-        """A projected volume, as ServiceAccount admission adds one to every pod (kube-api-access-*):
-        a token from the TokenRequest API bound to this pod, the cluster CA from the
-        ``kube-root-ca.crt`` ConfigMap, and the namespace from the downward API."""
-        self._write_files(target, {}, decode=False, items=None)  # the volume exists even when empty
-        for source in projected.get("sources") or []:
-            if "serviceAccountToken" in source:
-                token_source = source["serviceAccountToken"] or {}
-                token = await self._request_token(token_source)
-                (target / token_source.get("path", "token")).write_text(token)
-            elif "configMap" in source or "secret" in source:
-                kind, resource = (
-                    ("configMap", "configmaps") if "configMap" in source else ("secret", "secrets")
-                )
-                ref = source[kind] or {}
-                obj = await self._get_optional(resource, ref.get("name", ""))
-                if obj is None and not ref.get("optional"):
-                    raise MissingVolumeSourceError(target.name, kind, ref.get("name", ""))
-                self._write_files(target, obj or {}, decode=kind == "secret", items=ref.get("items"))
-            elif "downwardAPI" in source:
-                self._write_downward_api(target, (source["downwardAPI"] or {}).get("items") or [])
-
-    async def _request_token(self, source: Mapping[str, Any]) -> str:
-        """A service-account token bound to this pod (NodeRestriction lets a node ask only for its
-        own pods' accounts, and only bound to the pod)."""
-        account = self.pod.get("spec", {}).get("serviceAccountName") or "default"
-        spec: dict[str, Any] = {
-            "expirationSeconds": int(source.get("expirationSeconds") or 3607),
-            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid},
-        }
-        if source.get("audience"):
-            spec["audiences"] = [source["audience"]]
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
-        path = path_for("serviceaccounts", self.namespace, account, "token")
-        result = await self._with_authorization_retry(lambda: self.kubelet.client.create(path, body))
-        return str(result["status"]["token"])
-
-    def _write_downward_api(self, target: Path, items: list[Mapping[str, Any]]) -> None:
-        target.mkdir(parents=True, exist_ok=True)
-        for item in items:
-            field = (item.get("fieldRef") or {}).get("fieldPath")
-            if not field:
-                continue
-            value = field_ref_value(field, self.pod, pod_ip=self.pod_ip, host_ip=self.kubelet.host_ip)
-            path = target / item["path"]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(value)
-
-    async def _with_authorization_retry(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        """``call``, retried while the Node authorizer does not yet know the pod is bound here: its
-        graph follows the pod's binding a moment later, and a real kubelet retries too."""
-        for attempt in range(50):
-            try:
-                return await call()
-            except ApiError as error:
-                if error.status != 403 or attempt == 49:
-                    raise
-                await asyncio.sleep(0.2)
-        raise AssertionError("unreachable")
-
-    async def _get_optional(self, resource: str, name: str) -> dict[str, Any] | None:
-        path = path_for(resource, self.namespace, name)
-        try:
-            result: dict[str, Any] = await self._with_authorization_retry(
-                lambda: self.kubelet.client.get(path)
-            )
-            return result
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
-
-    @staticmethod
-    def _write_files(target: Path, obj: Mapping[str, Any], *, decode: bool, items: Any) -> None:
-        target.mkdir(parents=True, exist_ok=True)
-        files: dict[str, bytes] = {}
-        for key, value in (obj.get("data") or {}).items():
-            files[key] = base64.b64decode(value) if decode else str(value).encode()
-        for key, value in (obj.get("binaryData") or {}).items():
-            files[key] = base64.b64decode(value)
-        if items:
-            files = {
-                item.get("path", item["key"]): files[item["key"]] for item in items if item["key"] in files
-            }
-        for relative, content in files.items():
-            path = target / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
-
-    async def _wait_for_claim(self, claim: str) -> str:
-        """The directory of the PV bound to ``claim``, waiting (ContainerCreating) until it is bound."""
-        while True:
-            pvc = await self._get_optional("persistentvolumeclaims", claim)
-            volume_name = (pvc or {}).get("spec", {}).get("volumeName")
-            if pvc is not None and volume_name and pvc.get("status", {}).get("phase") == "Bound":
-                pv_path = path_for("persistentvolumes", name=volume_name)
-                pv = await self._with_authorization_retry(functools.partial(self.kubelet.client.get, pv_path))
-                return str(volume_directory(pv, self.kubelet.config.state_dir))
-            for c in self.containers:
-                c.waiting = ("ContainerCreating", f"waiting for PersistentVolumeClaim {claim!r} to be bound")
-            self._dirty.set()
-            await asyncio.sleep(0.5)
-
-    def service_account_dir(self) -> str | None:
-        """The real directory of the volume mounted at the service-account path, if any."""
-        for container in self.pod.get("spec", {}).get("containers") or []:
-            for mount in container.get("volumeMounts") or []:
-                if mount.get("mountPath", "").rstrip("/") == SERVICE_ACCOUNT_DIR:
-                    return self.volumes.get(mount["name"])
-        return None
-
-    def mounts_for(self, container: Mapping[str, Any]) -> list[tuple[str, str]]:
-        mounts: dict[str, str] = {}
-        for mount in container.get("volumeMounts") or []:
-            real = self.volumes.get(mount["name"])
-            if real is None:
-                raise RuntimeError(f"volumeMount {mount['name']!r} names no volume of the pod")
-            if mount.get("subPath"):
-                real = str(Path(real) / mount["subPath"])
-                Path(real).mkdir(parents=True, exist_ok=True)
-            mounts[mount["mountPath"]] = real
-        # The container's terminationMessagePath is a file of the pod's directory, read at exit.
-        message_path = container.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
-        mounts.setdefault(message_path, str(self.termination_message_file(container["name"])))
-        return normalise_mounts(mounts)
-
-    def termination_message_file(self, container: str) -> Path:
-        return self.dir / f"{container}.termination-log"
-
-    def _reset_termination_message(self, container: str) -> None:
-        """An empty message file that the container's user (runAsUser) may write."""
-        path = self.termination_message_file(container)
-        path.write_bytes(b"")
-        path.chmod(0o666)
-
-    def _termination_message(self, c: ContainerRuntime, code: int) -> str:
-        """What the container wrote to its terminationMessagePath (at most 4096 bytes), or with
-        FallbackToLogsOnError and a failure, the tail of its log, as a kubelet reports it."""
-        with contextlib.suppress(OSError):
-            with self.termination_message_file(c.name).open("rb") as written:
-                message = written.read(TERMINATION_MESSAGE_LIMIT).decode(errors="replace").strip()
-            if message:
-                return message
-        if code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
-            with contextlib.suppress(OSError):
-                lines = self.log_path(c.name).read_bytes().decode(errors="replace").splitlines()
-                return "\n".join(lines[-TERMINATION_LOG_LINES:])[-TERMINATION_MESSAGE_LIMIT:]
-        return ""
-
-    async def _sources(self, container: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        configmaps: dict[str, Any] = {}
-        secrets: dict[str, Any] = {}
-        refs: list[tuple[str, str]] = []
-        for source in container.get("envFrom") or []:
-            for kind in ("configMap", "secret"):
-                if source.get(f"{kind}Ref"):
-                    refs.append((kind, source[f"{kind}Ref"].get("name", "")))
-        for item in container.get("env") or []:
-            for kind in ("configMap", "secret"):
-                ref = (item.get("valueFrom") or {}).get(f"{kind}KeyRef")
-                if ref:
-                    refs.append((kind, ref.get("name", "")))
-        for kind, name in refs:
-            store, resource = (configmaps, "configmaps") if kind == "configMap" else (secrets, "secrets")
-            obj = await self._get_optional(resource, name)
-            if obj is not None:
-                store[name] = obj
-        return configmaps, secrets
-
-    def _base_env(self, container_name: str) -> dict[str, str]:
-        config = self.kubelet.config
-        env = {k: v for k, v in os.environ.items() if k not in _HOST_ENV_DROPPED}
-        env["PATH"] = f"{config.bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
-        existing = env.get("PYTHONPATH")
-        env["PYTHONPATH"] = f"{SITE_DIR}{os.pathsep}{existing}" if existing else str(SITE_DIR)
-        env["TMPDIR"] = str(self.tmp_dir)
-        env["HOME"] = str(self.dir / "work")
-        env["HOSTNAME"] = self.pod.get("spec", {}).get("hostname") or self.name
-        env["KUBERNETES_SERVICE_HOST"] = config.api_host
-        env["KUBERNETES_SERVICE_PORT"] = str(config.api_port)
-        env["KUBERNETES_SERVICE_PORT_HTTPS"] = str(config.api_port)
-        env[HOSTS_FILE_ENV] = str(config.hosts_file)
-        # Programs that cannot see the mount-path rewriting (a constant in code, not an env value)
-        # find the service-account files through this (rtj_trainer.library.progress and podsite read it).
-        account_dir = self.service_account_dir()
-        if account_dir:
-            env["RTJ_SERVICE_ACCOUNT_DIR"] = account_dir
-        env["RTJ_LOCAL_POD_NAMESPACE"] = self.namespace
-        env.update(config.extra_env)
-        env[MARK_POD] = self.uid
-        env[MARK_CONTAINER] = container_name
-        env[MARK_NODE] = self.kubelet.name
-        env[OWNER_ENV] = self.owner_uid
-        return env
-
-    async def _spawn(self, c: ContainerRuntime) -> asyncio.subprocess.Process:
-        mounts = self.mounts_for(c.spec)
-        self._reset_termination_message(c.name)
-        configmaps, secrets = await self._sources(c.spec)
-        env = resolve_env(
-            c.spec,
+        self.changed.set()
+        volumes = PodVolumes(
             self.pod,
-            base=self._base_env(c.name),
+            client=self.kubelet.client,
+            state_dir=self.kubelet.config.state_dir,
+            pod_dir=self.dir,
+            tmp_dir=self.tmp_dir,
             pod_ip=self.pod_ip,
             host_ip=self.kubelet.host_ip,
-            configmaps=configmaps,
-            secrets=secrets,
-            node_allocatable=self.kubelet.profile.resources,
-            mounts=mounts,
+            waiting=self._waiting_for_volume,
         )
-        # The identity marks must survive a user env that happens to reuse the names.
-        env.update(self.kubelet.config.extra_env)
-        env.update({MARK_POD: self.uid, MARK_CONTAINER: c.name, MARK_NODE: self.kubelet.name})
-        env[OWNER_ENV] = self.owner_uid
-        container_env(env, self.pod_ip)  # the pod's own wildcard address (rtj_localcluster.podnet)
-        argv = container_argv(self.kubelet.with_entrypoint(c.spec), env, mounts, host_file_of_the_image)
-        working_dir = c.spec.get("workingDir")
-        cwd = Path(rewrite_path(working_dir, mounts)) if working_dir else self.dir / "work"
-        cwd.mkdir(parents=True, exist_ok=True)
-        run_as = identity.run_as(self.pod, c.spec)
-        if run_as is not None:
-            # The container's writable layer: its TMPDIR and HOME (the default working directory).
-            identity.give_to(run_as, *(p for p in (self.tmp_dir, self.dir / "work") if p is not None))
-            identity.user_env(run_as, env)
-            argv = [*identity.command_prefix(run_as), *argv]
-        c.env, c.cwd, c.mounts = env, str(cwd), mounts
-        with self.log_path(c.name).open("ab") as log_file:
-            return await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=str(cwd),
-                env=env,
-                # `stdin: true` keeps a pipe open for `kubectl attach -i` (and `kubectl run -i`).
-                stdin=asyncio.subprocess.PIPE if c.spec.get("stdin") else asyncio.subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
+        await volumes.mount_all(self.volumes)
 
-    async def _probe_readiness(self, c: ContainerRuntime, probe: Mapping[str, Any]) -> None:
-        """An exec readinessProbe: the command runs with the container's env and working directory;
-        exit 0 counts as success. Kubernetes' defaults: period 10 s, timeout 1 s, thresholds 1/3."""
-        period = float(probe.get("periodSeconds") or 10)
-        timeout = float(probe.get("timeoutSeconds") or 1)
-        success_needed = int(probe.get("successThreshold") or 1)
-        failure_needed = int(probe.get("failureThreshold") or 3)
-        command = {"command": probe["exec"].get("command") or []}
-        argv = container_argv(command, c.env, c.mounts, host_file_of_the_image)
-        await asyncio.sleep(float(probe.get("initialDelaySeconds") or 0))
-        successes = failures = 0
-        while True:
-            ok = False
-            try:
-                checker = await asyncio.create_subprocess_exec(
-                    *argv,
-                    cwd=c.cwd,
-                    env=c.env,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-                try:
-                    ok = await asyncio.wait_for(checker.wait(), timeout) == 0
-                except TimeoutError:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(checker.pid, signal.SIGKILL)
-                    await checker.wait()
-            except OSError:
-                ok = False
-            successes, failures = (successes + 1, 0) if ok else (0, failures + 1)
-            verdict = c.probe_ready
-            if successes >= success_needed:
-                verdict = True
-            elif failures >= failure_needed:
-                verdict = False
-            if verdict != c.probe_ready:
-                c.probe_ready = verdict
-                self._dirty.set()
-            await asyncio.sleep(period)
-
-    # -- status --------------------------------------------------------------------------------
-
-    def build_status(self) -> dict[str, Any]:
-        now = now_rfc3339()
-        if self.failed_message is not None:
-            phase = "Failed"
-        else:
-            phase = pod_phase(
-                [
-                    (
-                        c.started_once,
-                        None if c.running else (c.terminated or {}).get("exitCode"),
-                        c.will_restart,
-                    )
-                    for c in self.containers
-                ]
-            )
-        terminal = phase in ("Succeeded", "Failed")
-        all_ready = bool(self.containers) and all(c.ready for c in self.containers)
-        ready = all_ready and not self.terminating.is_set()
-        not_ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
-        wanted = [
-            condition("PodReadyToStartContainers", bool(self.pod_ip), now),
-            condition(
-                "Initialized", self.initialized, now, None if self.initialized else "ContainersNotInitialized"
-            ),
-            condition("Ready", ready, now, None if ready else not_ready_reason),
-            condition("ContainersReady", ready, now, None if ready else not_ready_reason),
-            condition("PodScheduled", True, now),
-        ]
-        status: dict[str, Any] = {
-            "phase": phase,
-            "conditions": merge_conditions(self.pod.get("status", {}).get("conditions") or [], wanted),
-            "hostIP": self.kubelet.host_ip,
-            "hostIPs": [{"ip": self.kubelet.host_ip}],
-            "startTime": self.start_time,
-            "containerStatuses": [c.status() for c in self.containers],
-        }
-        if self.init_containers:
-            status["initContainerStatuses"] = [c.status() for c in self.init_containers]
-        if self.pod_ip:
-            status["podIP"] = self.pod_ip
-            status["podIPs"] = [{"ip": self.pod_ip}]
-        if self.failed_message:
-            status["message"] = self.failed_message
-        return status
-
-    async def _status_writer(self) -> None:
-        while True:
-            await self._dirty.wait()
-            await self.kubelet.connected.wait()
-            self._dirty.clear()
-            await self.write_status()
-            # Coalesce bursts of changes (several containers starting at once) into one patch.
-            await asyncio.sleep(0.05)
-
-    async def write_status(self) -> None:
-        status = self.build_status()
-        try:
-            updated = await self.kubelet.client.patch(
-                path_for("pods", self.namespace, self.name, "status"),
-                # The uid makes the patch conditional: a new pod of the same name (a resumed job's
-                # worker) must never receive this one's status.
-                {"metadata": {"uid": self.uid}, "status": status},
-            )
-            if isinstance(updated, dict):
-                self.pod = updated
-        except ApiError as error:
-            # 404: deleted; 409: the uid precondition failed (the name now belongs to a new pod).
-            if error.status not in (404, 409):
-                log.warning("pod %s/%s status update failed: %s", self.namespace, self.name, error)
-                self._dirty.set()
-        except Exception as error:
-            log.warning("pod %s/%s status update failed: %s", self.namespace, self.name, error)
-            self._dirty.set()
+    def _waiting_for_volume(self, message: str, event_reason: str | None) -> None:
+        for c in self.containers:
+            c.waiting = ("ContainerCreating", message)
+        if event_reason is not None:
+            self.event("Warning", event_reason, message)
+        self.changed.set()
 
     # -- termination ---------------------------------------------------------------------------
 
@@ -792,7 +649,7 @@ class PodWorker:
 
     async def _terminate(self, grace_seconds: float) -> None:
         self.terminating.set()
-        self._dirty.set()
+        self.changed.set()
         if any(c.running for c in [*self.init_containers, *self.containers]):
             self.event(
                 "Normal", "Killing", f"Stopping the pod's containers (grace period {grace_seconds:g}s)"
@@ -813,7 +670,7 @@ class PodWorker:
         for task in pending:
             task.cancel()
         await self.kubelet.connected.wait()
-        await self.write_status()
+        await self.status.write()
         try:
             await self.kubelet.client.delete(
                 path_for("pods", self.namespace, self.name), grace_period_seconds=0, uid=self.uid
@@ -854,26 +711,199 @@ def _short_temp_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
 
 
-def _host_path(source: Mapping[str, Any]) -> str:
-    host = Path(source["path"])
-    if source.get("type") in ("DirectoryOrCreate", None, "") and not host.exists():
+class ContainerAccess:
+    """The node's running containers as its HTTPS endpoints reach them: a container's log file for
+    ``kubectl logs``, its environment for ``exec``, its output and stdin for ``attach``, the pod's address
+    for ``port-forward``, and the running containers for the resource metrics."""
+
+    def __init__(self, kubelet: Kubelet) -> None:
+        self.kubelet = kubelet
+
+    def locate_log(
+        self, namespace: str, name: str, container: str, previous: bool
+    ) -> tuple[Path, Callable[[], bool]] | None:
+        """The log file of a container of a pod this node runs (for the log endpoint)."""
+        for worker in self.kubelet.workers.values():
+            if worker.namespace != namespace or worker.name != name:
+                continue
+            runtimes = [c for c in [*worker.init_containers, *worker.containers] if c.name == container]
+            if not runtimes:
+                return None
+            runtime = runtimes[0]
+            if previous:
+                return worker.dir / f"{container}.previous.log", lambda: False
+            return worker.log_path(container), functools.partial(self._still_writing, runtime)
+        return None
+
+    def _running_container(
+        self, namespace: str, name: str, container: str
+    ) -> tuple[PodWorker, ContainerRuntime]:
+        worker = self.kubelet.find_worker(namespace, name)
+        if worker is None:
+            raise StreamingError(f"pod {namespace}/{name} not found on node {self.kubelet.name}")
+        runtime = next(
+            (c for c in [*worker.init_containers, *worker.containers] if c.name == container), None
+        )
+        if runtime is None:
+            raise StreamingError(f"container {container!r} not found in pod {namespace}/{name}")
+        if not runtime.running or self.kubelet.dead:
+            raise StreamingError(f"container {container!r} of pod {namespace}/{name} is not running", 400)
+        return worker, runtime
+
+    def exec_target(self, namespace: str, name: str, container: str) -> ExecTarget:
+        """How ``kubectl exec`` runs a command in a running container: with the container's
+        environment (the pod network library and the marks included), working directory, mount
+        paths and user, as the container's own processes run. Unlike the container's command, an
+        exec command's ``$(VAR)`` references are not expanded (nor are they by a real kubelet)."""
+        worker, runtime = self._running_container(namespace, name, container)
+        run_as = identity.run_as(worker.pod, runtime.spec)
+        mounts = list(runtime.mounts)
+
+        def command(argv: Sequence[str]) -> list[str]:
+            return [rewrite_path(str(arg), mounts, host_file_of_the_image) for arg in argv]
+
+        user = identity.command_prefix(run_as) if run_as is not None else []
+        return ExecTarget(command, dict(runtime.env), runtime.cwd, user)
+
+    def attach_target(self, namespace: str, name: str, container: str) -> AttachTarget:
+        """A running container's output from now on (its log file is its stdout and stderr) and,
+        with ``stdin: true``, its stdin (closed after the first attach with ``stdinOnce``)."""
+        worker, runtime = self._running_container(namespace, name, container)
+        path = worker.log_path(container)
+        size = 0
         with contextlib.suppress(OSError):
-            host.mkdir(parents=True, exist_ok=True)
-    return str(host)
+            size = path.stat().st_size
+        process = runtime.process
+        stdin = process.stdin if process is not None else None
+        once = bool(runtime.spec.get("stdinOnce"))
+        return AttachTarget(path, size, functools.partial(self._still_writing, runtime), stdin, once)
+
+    def pod_ip_of(self, namespace: str, name: str) -> str:
+        """The IP ``kubectl port-forward`` connects to: the pod's own loopback address."""
+        worker = self.kubelet.find_worker(namespace, name)
+        if worker is None or not worker.pod_ip or self.kubelet.dead:
+            raise StreamingError(f"pod {namespace}/{name} not found on node {self.kubelet.name}")
+        return worker.pod_ip
+
+    def _still_writing(self, runtime: ContainerRuntime) -> bool:
+        return runtime.running and not self.kubelet.dead
+
+    def running_containers(self) -> list[RunningContainer]:
+        """The containers running now, for the resource metrics endpoint."""
+        return [
+            RunningContainer(w.namespace, w.name, w.uid, c.name, _epoch(c.started_at))
+            for w in self.kubelet.workers.values()
+            if not w.finished and not self.kubelet.dead
+            for c in w.containers
+            if c.running
+        ]
 
 
-def volume_directory(pv: Mapping[str, Any], state_dir: Path) -> Path:
-    """Where a PV's data lives on this machine: its hostPath/local path, else a directory per PV
-    (CSI volumes such as FSx for Lustre map there)."""
-    spec = pv.get("spec", {})
-    for key in ("hostPath", "local"):
-        if spec.get(key, {}).get("path"):
-            path = Path(spec[key]["path"])
-            break
-    else:
-        path = state_dir / "volumes" / pv["metadata"]["name"]
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+class NodeReporter:
+    """The node as the API server sees it: the Node registered with its Lease, the Lease renewed every
+    heartbeat, and the Node's status posted when it is stale or its Ready condition is not what the
+    kubelet reports (NotReady, a degradation)."""
+
+    def __init__(self, kubelet: Kubelet) -> None:
+        self.kubelet = kubelet
+
+    async def register(self) -> None:
+        if not self.kubelet.log_server.port:
+            await self.kubelet.log_server.start()
+        try:
+            created = await self.kubelet.client.create(path_for("nodes"), self.kubelet.node)
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            # Registered before (a restarted cluster): NodeRestriction lets a node keep its taints
+            # only as they are, so just the labels are brought up to date.
+            created = await self.kubelet.client.patch(
+                path_for("nodes", name=self.kubelet.name),
+                {"metadata": {"labels": self.kubelet.node["metadata"]["labels"]}},
+            )
+        await self.post_status()
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": self.kubelet.name,
+                "namespace": NODE_LEASE_NAMESPACE,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": self.kubelet.name,
+                        "uid": created["metadata"]["uid"],
+                    }
+                ],
+            },
+            "spec": {
+                "holderIdentity": self.kubelet.name,
+                "leaseDurationSeconds": 40,
+                "renewTime": now_micro(),
+            },
+        }
+        try:
+            await self.kubelet.client.create(path_for("leases", NODE_LEASE_NAMESPACE), lease)
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            await self._renew_lease()
+
+    async def post_status(self) -> None:
+        status = node_status(
+            self.kubelet.profile,
+            host_ip=self.kubelet.host_ip,
+            kubelet_port=self.kubelet.log_server.port,
+            not_ready_message=self.kubelet.not_ready_message,
+            degradation=self.kubelet.degradation,
+        )
+        current = self.kubelet.nodes.get(self.kubelet.name)
+        if current is not None:
+            status["conditions"] = [
+                c
+                for c in merge_conditions(
+                    (current.get("status") or {}).get("conditions") or [], status["conditions"]
+                )
+                if c.get("type") not in self.kubelet.cleared_conditions
+            ]
+            for item in status["conditions"]:
+                item["lastHeartbeatTime"] = now_rfc3339()
+        cleared = set(self.kubelet.cleared_conditions)
+        await self.kubelet.client.patch(
+            path_for("nodes", name=self.kubelet.name, subresource="status"), {"status": status}
+        )
+        self.kubelet.cleared_conditions -= cleared
+
+    async def _renew_lease(self) -> None:
+        await self.kubelet.client.patch(
+            path_for("leases", NODE_LEASE_NAMESPACE, self.kubelet.name), {"spec": {"renewTime": now_micro()}}
+        )
+
+    async def heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_status = loop.time()
+        while True:
+            await asyncio.sleep(self.kubelet.config.heartbeat_interval_seconds)
+            await self.kubelet.connected.wait()
+            try:
+                await self._renew_lease()
+                node = self.kubelet.nodes.get(self.kubelet.name)
+                ready = ready_condition(node) if node else None
+                stale = loop.time() - last_status >= self.kubelet.config.node_status_interval_seconds
+                wanted = "True" if self.kubelet.not_ready_message is None else "False"
+                if node is not None and (stale or ready is None or ready.get("status") != wanted):
+                    await self.post_status()
+                    last_status = loop.time()
+            except asyncio.CancelledError:
+                raise
+            except ApiError as error:
+                # 404: the Node (and with it the Lease, its dependent) was deleted by someone; like
+                # a real kubelet this one does not re-register, and pod GC removes its pods.
+                level = logging.DEBUG if error.status == 404 else logging.WARNING
+                log.log(level, "node %s heartbeat failed: %s", self.kubelet.name, error)
+            except Exception as error:
+                log.warning("node %s heartbeat failed: %s", self.kubelet.name, error)
 
 
 class Kubelet:
@@ -908,109 +938,27 @@ class Kubelet:
         self.not_ready_message: str | None = None
         self.degradation: Degradation | None = None
         # Condition types a healed degradation had added: dropped from the next status posted.
-        self._cleared_conditions: set[str] = set()
+        self.cleared_conditions: set[str] = set()
         self.workers: dict[str, PodWorker] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._sweeps: set[asyncio.Task[int]] = set()
-        self.streaming = StreamingEndpoints(self.exec_target, self.attach_target, self.pod_ip_of)
-        resources = ResourceEndpoint(name, self.running_containers, MARKED_PROCESSES)
+        self.access = ContainerAccess(self)
+        self.reporter = NodeReporter(self)
+        self.streaming = StreamingEndpoints(
+            self.access.exec_target, self.access.attach_target, self.access.pod_ip_of
+        )
+        resources = ResourceEndpoint(name, self.access.running_containers, MARKED_PROCESSES)
         routes = [*self.streaming.routes(), resources.route()]
-        self.log_server = LogServer(self.locate_log, serving.cert, serving.key, routes)
+        self.log_server = LogServer(self.access.locate_log, serving.cert, serving.key, routes)
         pods.subscribe(self._wake.set)
-
-    async def register(self) -> None:
-        if not self.log_server.port:
-            await self.log_server.start()
-        try:
-            created = await self.client.create(path_for("nodes"), self.node)
-        except ApiError as error:
-            if error.status != 409:
-                raise
-            # Registered before (a restarted cluster): NodeRestriction lets a node keep its taints
-            # only as they are, so just the labels are brought up to date.
-            created = await self.client.patch(
-                path_for("nodes", name=self.name), {"metadata": {"labels": self.node["metadata"]["labels"]}}
-            )
-        await self._post_status()
-        lease = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": self.name,
-                "namespace": NODE_LEASE_NAMESPACE,
-                "ownerReferences": [
-                    {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": created["metadata"]["uid"]}
-                ],
-            },
-            "spec": {"holderIdentity": self.name, "leaseDurationSeconds": 40, "renewTime": now_micro()},
-        }
-        try:
-            await self.client.create(path_for("leases", NODE_LEASE_NAMESPACE), lease)
-        except ApiError as error:
-            if error.status != 409:
-                raise
-            await self._renew_lease()
 
     def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._heartbeat(), name=f"heartbeat {self.name}"),
+            asyncio.create_task(self.reporter.heartbeat(), name=f"heartbeat {self.name}"),
             asyncio.create_task(self._sync_loop(), name=f"kubelet {self.name}"),
         ]
-
-    async def _post_status(self) -> None:
-        status = node_status(
-            self.profile,
-            host_ip=self.host_ip,
-            kubelet_port=self.log_server.port,
-            not_ready_message=self.not_ready_message,
-            degradation=self.degradation,
-        )
-        current = self.nodes.get(self.name)
-        if current is not None:
-            status["conditions"] = [
-                c
-                for c in merge_conditions(
-                    (current.get("status") or {}).get("conditions") or [], status["conditions"]
-                )
-                if c.get("type") not in self._cleared_conditions
-            ]
-            for item in status["conditions"]:
-                item["lastHeartbeatTime"] = now_rfc3339()
-        cleared = set(self._cleared_conditions)
-        await self.client.patch(path_for("nodes", name=self.name, subresource="status"), {"status": status})
-        self._cleared_conditions -= cleared
-
-    async def _renew_lease(self) -> None:
-        await self.client.patch(
-            path_for("leases", NODE_LEASE_NAMESPACE, self.name), {"spec": {"renewTime": now_micro()}}
-        )
-
-    async def _heartbeat(self) -> None:
-        loop = asyncio.get_running_loop()
-        last_status = loop.time()
-        while True:
-            await asyncio.sleep(self.config.heartbeat_interval_seconds)
-            await self.connected.wait()
-            try:
-                await self._renew_lease()
-                node = self.nodes.get(self.name)
-                ready = ready_condition(node) if node else None
-                stale = loop.time() - last_status >= self.config.node_status_interval_seconds
-                wanted = "True" if self.not_ready_message is None else "False"
-                if node is not None and (stale or ready is None or ready.get("status") != wanted):
-                    await self._post_status()
-                    last_status = loop.time()
-            except asyncio.CancelledError:
-                raise
-            except ApiError as error:
-                # 404: the Node (and with it the Lease, its dependent) was deleted by someone; like
-                # a real kubelet this one does not re-register, and pod GC removes its pods.
-                level = logging.DEBUG if error.status == 404 else logging.WARNING
-                log.log(level, "node %s heartbeat failed: %s", self.name, error)
-            except Exception as error:
-                log.warning("node %s heartbeat failed: %s", self.name, error)
 
     async def _sync_loop(self) -> None:
         await self.pods.synced()
@@ -1074,85 +1022,6 @@ class Kubelet:
         entrypoint = self.config.image_entrypoints.get(image_name(str(container.get("image", ""))))
         return {**container, "command": list(entrypoint)} if entrypoint else container
 
-    def locate_log(
-        self, namespace: str, name: str, container: str, previous: bool
-    ) -> tuple[Path, Callable[[], bool]] | None:
-        """The log file of a container of a pod this node runs (for the log endpoint)."""
-        for worker in self.workers.values():
-            if worker.namespace != namespace or worker.name != name:
-                continue
-            runtimes = [c for c in [*worker.init_containers, *worker.containers] if c.name == container]
-            if not runtimes:
-                return None
-            runtime = runtimes[0]
-            if previous:
-                return worker.dir / f"{container}.previous.log", lambda: False
-            return worker.log_path(container), functools.partial(self._still_writing, runtime)
-        return None
-
-    def _running_container(
-        self, namespace: str, name: str, container: str
-    ) -> tuple[PodWorker, ContainerRuntime]:
-        worker = self.find_worker(namespace, name)
-        if worker is None:
-            raise StreamingError(f"pod {namespace}/{name} not found on node {self.name}")
-        runtime = next(
-            (c for c in [*worker.init_containers, *worker.containers] if c.name == container), None
-        )
-        if runtime is None:
-            raise StreamingError(f"container {container!r} not found in pod {namespace}/{name}")
-        if not runtime.running or self.dead:
-            raise StreamingError(f"container {container!r} of pod {namespace}/{name} is not running", 400)
-        return worker, runtime
-
-    def exec_target(self, namespace: str, name: str, container: str) -> ExecTarget:
-        """How ``kubectl exec`` runs a command in a running container: with the container's
-        environment (the pod network library and the marks included), working directory, mount
-        paths and user, as the container's own processes run. Unlike the container's command, an
-        exec command's ``$(VAR)`` references are not expanded (nor are they by a real kubelet)."""
-        worker, runtime = self._running_container(namespace, name, container)
-        run_as = identity.run_as(worker.pod, runtime.spec)
-        mounts = list(runtime.mounts)
-
-        def command(argv: Sequence[str]) -> list[str]:
-            return [rewrite_path(str(arg), mounts, host_file_of_the_image) for arg in argv]
-
-        user = identity.command_prefix(run_as) if run_as is not None else []
-        return ExecTarget(command, dict(runtime.env), runtime.cwd, user)
-
-    def attach_target(self, namespace: str, name: str, container: str) -> AttachTarget:
-        """A running container's output from now on (its log file is its stdout and stderr) and,
-        with ``stdin: true``, its stdin (closed after the first attach with ``stdinOnce``)."""
-        worker, runtime = self._running_container(namespace, name, container)
-        path = worker.log_path(container)
-        size = 0
-        with contextlib.suppress(OSError):
-            size = path.stat().st_size
-        process = runtime.process
-        stdin = process.stdin if process is not None else None
-        once = bool(runtime.spec.get("stdinOnce"))
-        return AttachTarget(path, size, functools.partial(self._still_writing, runtime), stdin, once)
-
-    def pod_ip_of(self, namespace: str, name: str) -> str:
-        """The IP ``kubectl port-forward`` connects to: the pod's own loopback address."""
-        worker = self.find_worker(namespace, name)
-        if worker is None or not worker.pod_ip or self.dead:
-            raise StreamingError(f"pod {namespace}/{name} not found on node {self.name}")
-        return worker.pod_ip
-
-    def _still_writing(self, runtime: ContainerRuntime) -> bool:
-        return runtime.running and not self.dead
-
-    def running_containers(self) -> list[RunningContainer]:
-        """The containers running now, for the resource metrics endpoint."""
-        return [
-            RunningContainer(w.namespace, w.name, w.uid, c.name, _epoch(c.started_at))
-            for w in self.workers.values()
-            if not w.finished and not self.dead
-            for c in w.containers
-            if c.running
-        ]
-
     def find_worker(self, namespace: str, name: str) -> PodWorker | None:
         for worker in self.workers.values():
             if worker.namespace == namespace and worker.name == name and not worker.finished:
@@ -1213,7 +1082,7 @@ class Kubelet:
             self.not_ready_message = None
             degraded, self.degradation = self.degradation, None
             if degraded is not None:
-                self._cleared_conditions |= {str(c.get("type")) for c in degraded.conditions}
+                self.cleared_conditions |= {str(c.get("type")) for c in degraded.conditions}
             self.connected.set()
             self._wake.set()
             if degraded is not None:
@@ -1225,7 +1094,7 @@ class Kubelet:
         self._post_status_soon()
 
     def _post_status_soon(self) -> None:
-        task = asyncio.create_task(self._post_status())
+        task = asyncio.create_task(self.reporter.post_status())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

@@ -8,7 +8,7 @@ part for every such class (the default class ``local``, created at start, and an
 ``fsx.csi.aws.com``): it creates a PV ``pvc-<uid>`` pre-bound to the claim, with its data in a
 directory under ``<state>/volumes/``; the PV controller then binds the two. A released PV it
 provisioned with reclaim policy Delete is deleted with its directory. The kubelet
-(``kubelet.volume_directory``) maps a bound PV of any kind to its directory.
+(``pod_volumes.volume_directory``) maps a bound PV of any kind to its directory.
 """
 
 from __future__ import annotations

@@ -23,12 +23,13 @@ LAYERS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset(
             {
                 "binaries", "certs", "client", "cluster_pool", "identity", "logserver", "loop_thread",
-                "marks", "podenv", "podnet", "podsite", "ports", "resource_metrics", "spdy",
+                "marks", "podenv", "podnet", "podsite", "ports", "probes", "resource_metrics", "spdy",
             }
         ),
         # What a cluster is made of: the control plane's processes, node objects and their leases,
-        # DNS, volumes, exec/attach/port-forward streams, the metrics API.
-        frozenset({"controlplane", "dns", "metrics_api", "nodes", "streaming", "volumes"}),
+        # DNS, volumes (the provisioner's and a pod's), exec/attach/port-forward streams, the
+        # metrics API.
+        frozenset({"controlplane", "dns", "metrics_api", "nodes", "pod_volumes", "streaming", "volumes"}),
         frozenset({"kubelet"}),
         frozenset({"fleet"}),
         frozenset({"cluster"}),

@@ -24,8 +24,6 @@ STILL_OVER = frozenset(
         "rtj_trainer.library.checkpoint.CheckpointManager",
         "rtj_trainer.library.session.Session",
         "rtj_trainer.reference.train.Trainer",
-        "rtj_localcluster.kubelet.Kubelet",
-        "rtj_localcluster.kubelet.PodWorker",
     }
 )
 
