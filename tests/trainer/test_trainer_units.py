@@ -7,7 +7,9 @@ import itertools
 import json
 import os
 import socket
+import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -581,3 +583,41 @@ def test_spare_idles_until_sigterm(tmp_path: Path) -> None:
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_a_rank_that_finished_ends_0_when_the_stores_host_left_before_the_last_barrier() -> None:
+    """The error a store client meets once its host's process is gone (what NVRx's termination barrier
+    met on rank 3 in make test run m12, after rank 0 had finished and exited) ends a rank that had
+    finished as done, and any rank that had not as the fault it is."""
+    from rtj_localcluster.ports import reserve_port
+    from rtj_trainer.reference.train import finished_before_a_peer_left
+
+    port = reserve_port()
+    host = subprocess.Popen(
+        [sys.executable, "-c", HOST_A_STORE, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert host.stdout is not None and host.stdout.readline().strip() == "serving"
+        client = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        client.set("arrived", "0,1,2")
+        host.kill()
+        host.wait()
+        with pytest.raises(torch.distributed.DistError) as raised:
+            client.get("arrived")
+    finally:
+        host.kill()
+        host.wait()
+        if host.stdout is not None:
+            host.stdout.close()
+    assert finished_before_a_peer_left(raised.value, finished=True)
+    assert not finished_before_a_peer_left(raised.value, finished=False)
+    assert not finished_before_a_peer_left(RuntimeError("step 12 raised"), finished=True)
+
+
+HOST_A_STORE = """
+import sys, time
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False)
+print("serving", flush=True)
+time.sleep(600)
+"""
