@@ -5,8 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 # `make test` runs pytest in three lanes side by side, each its own pytest process with its own
 # shared local cluster: the operator's tests (clusters and operators, mostly waiting on the control
-# plane); the trainer's, the demo's, the local cluster's and the API's; the chart's and two of the
-# operator's files, then the trainer tests again on NVRx 0.7.0. Two lanes kept 1.34 of the 2 cores
+# plane); the trainer's, the demo's, the local cluster's and the API's; the chart's with two of the
+# operator's files and one of the local cluster's, then the trainer tests again on NVRx 0.7.0. Two lanes kept 1.34 of the 2 cores
 # busy and the third lane's work waited for the second's. PYTEST_ARGS goes to every pytest run
 # (options, not paths: to run a part, call .venv/bin/pytest); TEST_REPORTS names a folder where each
 # run writes its JUnit XML (lane-operator.xml, lane-rest.xml, lane-chart.xml, lane-nvrx-0.7.0.xml).

@@ -223,20 +223,22 @@ def _module_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
-def shared_cluster_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
+def shared_cluster_modules_first(items: list[pytest.Item]) -> tuple[list[pytest.Item], str | None]:
     """`items` with the modules that have a test on the shared cluster first, each module whole and
-    in its order: an idle control plane takes about a tenth of a core, and a lane's shared cluster
-    otherwise idled through every test after its first user (20 minutes of demo and trainer tests)."""
+    in its order, and the last of those modules (None: no test uses the cluster). An idle control
+    plane takes 0.03 of a core, and a lane's shared cluster otherwise idled through every test after
+    its first user (20 minutes of demo and trainer tests)."""
     users = {_module_of(item) for item in items if uses_shared_cluster(item)}
-    return sorted(items, key=lambda item: _module_of(item) not in users)  # sorted() is stable
+    ordered = sorted(items, key=lambda item: _module_of(item) not in users)  # sorted() is stable
+    last = next((_module_of(item) for item in reversed(ordered) if _module_of(item) in users), None)
+    return ordered, last
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected theirs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items[:] = shared_cluster_modules_first(items)
-    users = [_module_of(item) for item in items if uses_shared_cluster(item)]
-    if users:
-        config.stash[_LAST_SHARED_MODULE] = users[-1]
+    items[:], last = shared_cluster_modules_first(items)
+    if last is not None:
+        config.stash[_LAST_SHARED_MODULE] = last
 
 
 @pytest.hookimpl(wrapper=True)
