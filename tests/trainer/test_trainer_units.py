@@ -614,6 +614,23 @@ def test_a_rank_that_finished_ends_0_when_the_stores_host_left_before_the_last_b
     assert not finished_before_a_peer_left(RuntimeError("step 12 raised"), finished=True)
 
 
+def test_a_rank_ending_after_the_wrappers_error_exits_though_a_thread_it_left_runs() -> None:
+    """NVRx's ProgressWatchdog is no daemon and outlives an error out of the in-process wrapper: the
+    rank that finished ends 0 at once, with what it wrote flushed, instead of the interpreter waiting
+    for the thread forever (and its node's ft_launcher with it)."""
+    script = (
+        "import threading, time\n"
+        "from rtj_trainer.reference.train import exit_leaving_threads\n"
+        "threading.Thread(target=time.sleep, args=(600,), daemon=False).start()\n"
+        "print('finished', end='')\n"
+        "exit_leaving_threads(0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout) == (0, "finished"), done.stderr
+
+
 HOST_A_STORE = """
 import sys, time
 import torch.distributed as dist

@@ -721,6 +721,18 @@ def finished_before_a_peer_left(error: BaseException, finished: bool) -> bool:
     return finished and isinstance(error, dist.DistNetworkError)
 
 
+def exit_leaving_threads(code: int) -> NoReturn:
+    """End the process now, with what it wrote flushed. After an error out of NVRx's in-process
+    wrapper its ProgressWatchdog thread, not a daemon, is left running: the interpreter would wait
+    for it at exit forever, and with it the node's ft_launcher (seen in `rtj demo --quick --launcher
+    FtLauncher`: a rank that had finished kept its pod Running for minutes)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -750,7 +762,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.warning(
                 "rank %d: finished; the store's host left before the last barrier: %s", trainer.rank, error
             )
-            return 0
+            trainer.close()
+            exit_leaving_threads(0)
         # The fault ends this process (in-process restarts off or used up): count it before ft_launcher
         # starts the next one, and tell the operator.
         trainer.note_node_fault(error)
