@@ -440,6 +440,7 @@ def goodput_main(argv: list[str]) -> int:
     job_nodes = example_nodes()
     nodes = cluster_nodes(modes, plan, job_nodes)
     run_id = processes.tag_environment()
+    processes.clean_up_on_sigterm()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     runs: list[tuple[Mode, JobResult, RunReport | None]] = []
     fault_free: dict[str, tuple[JobResult, RunReport | None]] = {}

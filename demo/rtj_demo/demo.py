@@ -287,6 +287,7 @@ def main(argv: list[str]) -> int:
     plan = fault_plan(args.steps, args.launcher, args.rendezvous_host, args.spares)
     settings = job_settings(args, plan)
     run_id = processes.tag_environment()
+    processes.clean_up_on_sigterm()
     live = LiveLine(interval=10.0)
     started = time.monotonic()
     print(

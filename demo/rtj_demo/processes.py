@@ -13,12 +13,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 import uuid
+from types import FrameType
 
 import psutil
 
 RUN_TAG = "RTJ_DEMO_RUN_ID"
+
+
+def clean_up_on_sigterm() -> None:
+    """SIGTERM (a `timeout`, a CI job cancelled, `kill`) unwinds the run as Ctrl-C does, through its
+    clean-up: by default it would end this process at once and leave its local cluster, operator
+    and pods running."""
+
+    def unwind(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, unwind)
 
 
 def tag_environment() -> str:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -111,6 +112,41 @@ def test_options_are_checked() -> None:
         parse_args(["--step-sleep", "-1"])
     assert parse_args(["--steps", "500"]).steps == 500
     assert parse_args(["--launcher", "FtLauncher", "--nodes", "4"]).nodes == 4
+
+
+SIGTERMED_RUN = """
+import subprocess, sys, time
+from rtj_demo import processes
+run_id = processes.tag_environment()
+processes.clean_up_on_sigterm()
+try:
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("running", flush=True)
+    time.sleep(600)
+finally:
+    print("cleaned up", len(processes.reap(run_id, timeout=0)), flush=True)
+"""
+
+
+def test_a_run_sent_sigterm_cleans_up_as_on_ctrl_c() -> None:
+    """`rtj demo` and `rtj bench` under SIGTERM (a `timeout`, a cancelled CI job) go through their
+    clean-up, so the processes they started (here a stand-in for the local cluster's) do not outlive
+    them."""
+    run_id = uuid.uuid4().hex
+    env = {**os.environ, processes.RUN_TAG: run_id}
+    run = subprocess.Popen([sys.executable, "-c", SIGTERMED_RUN], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout is not None and run.stdout.readline().strip() == "running"
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=30) == 128 + signal.SIGTERM
+        assert run.stdout.read().strip() == "cleaned up 1"
+        assert processes.tagged_processes(run_id) == []
+    finally:
+        run.kill()
+        run.wait()
+        if run.stdout is not None:
+            run.stdout.close()
+        processes.reap(run_id, timeout=0)
 
 
 def test_job_manifest_is_the_example_with_the_rehearsals_settings() -> None:
