@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from operator_world import WORKER, node_of, running_world
 from rtj_operator import constants, decide, events
+from rtj_operator.runtime import job_pass
 
 
 def test_node_not_ready_within_grace_waits_and_asks_to_be_woken() -> None:
@@ -36,6 +39,23 @@ def test_node_not_ready_beyond_grace_replaces_the_worker_elsewhere() -> None:
     assert world.condition("Recovering")["reason"] == events.JOB_RECOVERED
     assert world.reasons().count(events.WORKER_REPLACED) == 1
     assert world.pod(WORKER, 1)["metadata"]["annotations"][constants.ANNOTATION_REPLACES] == lost  # type: ignore[index]
+
+
+def test_a_pass_that_counts_a_fault_says_so_in_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """The operator's log names what a pass decided and the job's version it decided from; an idle
+    pass logs nothing."""
+    world = running_world(failurePolicy={"nodeLossGraceSeconds": 30})
+    world.job["metadata"]["resourceVersion"] = "4711"
+    caplog.set_level(logging.INFO, logger=job_pass.logger.name)
+    job_pass.log_decision(world.job, world.plan())
+    assert caplog.records == []
+    world.node_not_ready(node_of(world, WORKER, 1))
+    world.tick(31)
+    job_pass.log_decision(world.job, world.plan())
+    [record] = caplog.records
+    assert record.getMessage().startswith("ml/train: from resourceVersion 4711: NodeLost: node ")
+    # The stranded pod's force delete; its replacement follows in a later pass.
+    assert record.getMessage().endswith("; 1 action(s)")
 
 
 def test_untolerated_noexecute_taint_is_a_loss_at_once() -> None:

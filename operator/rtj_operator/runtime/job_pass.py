@@ -102,6 +102,7 @@ async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str
     if isinstance(decided, str):
         return decided
     plan, view, body = decided
+    log_decision(body, plan)
     if plan.status_changed:
         written = await _write_status(ctx, body, plan.status, runner)
         if written is None:
@@ -137,6 +138,23 @@ async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str
     if plan.requeue_after is not None:
         await ctx.queue.trigger(key, delay=plan.requeue_after)
     return "acted" if plan.actions or plan.status_changed else "idle"
+
+
+def log_decision(body: Mapping[str, Any], plan: decide.Plan) -> None:
+    """One line for a pass that posts Events (a fault counted, a pod replaced, a state reached): what
+    it decided, and from which version of the job, so that a recovery can be followed in the
+    operator's log as well as in the Events (which the API server keeps for an hour)."""
+    if not plan.events:
+        return
+    metadata = body.get("metadata", {})
+    logger.info(
+        "%s/%s: from resourceVersion %s: %s; %d action(s)",
+        metadata.get("namespace"),
+        metadata.get("name"),
+        metadata.get("resourceVersion"),
+        "; ".join(f"{event.reason}: {event.message}" for event in plan.events),
+        len(plan.actions),
+    )
 
 
 async def _apply(
