@@ -41,6 +41,23 @@ def test_an_idle_job_needs_no_writes() -> None:
         assert plan.actions == () and not plan.status_changed and plan.events == ()
 
 
+def test_a_part_of_the_status_its_models_refuse_is_read_as_absent_and_the_rest_is_kept() -> None:
+    """A status some other writer (or an older operator) left in a shape the models refuse: that part
+    is read as absent and rewritten, the workers' records and the counts beside it are kept, and the
+    pass does not fail."""
+    world = running_world()
+    pods = {name: pod["metadata"]["uid"] for name, pod in world.pods.items()}
+    world.job["status"]["restarts"] = {"inProcess": "many", "podReplacement": 2}
+    world.job["status"]["nodeFaults"] = [{"count": 1}]  # no nodeName
+    plan = world.reconcile()
+    status = world.status()
+    assert plan.status_changed and not any(isinstance(a, decide.CreateObject) for a in plan.actions)
+    assert status["restarts"] == {"inProcess": 0, "inJob": 0, "podReplacement": 0, "total": 0}
+    assert status["nodeFaults"] == [] and status["state"] == "Running"
+    assert [e["state"] for e in status["workers"]["pods"]] == ["Running", "Running"]
+    assert {name: pod["metadata"]["uid"] for name, pod in world.pods.items()} == pods
+
+
 def test_suspend_deletes_pods_keeps_storage_and_resume_recreates() -> None:
     world = running_world(hotSpares=1)
     world.job["spec"]["suspend"] = True

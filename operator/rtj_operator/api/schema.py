@@ -124,6 +124,11 @@ class StatusModel(BaseModel):
     # Status is observation: the CRD declares no defaults for it (Python keeps its convenient ones).
     crd_defaults: ClassVar[bool] = False
 
+    def to_status(self) -> dict[str, Any]:
+        """The JSON form written to the job's status: camelCase names, unset fields left out."""
+        written: dict[str, Any] = self.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return written
+
 
 def _all_metadata(info: FieldInfo) -> list[Any]:
     return _flatten_metadata(list(info.metadata))

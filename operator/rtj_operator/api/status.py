@@ -19,6 +19,11 @@ from rtj_operator.api.schema import INT32_MAX, DateTime, Int64, SchemaExtra, Sta
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
+def _unset(value: object) -> bool:
+    """Left out of the status when written (`StatusModel.to_status`): a count of 0, an empty text."""
+    return not value
+
+
 class JobState(enum.StrEnum):
     """status.state: the most significant true condition, for kubectl."""
 
@@ -63,6 +68,10 @@ class EntryState(enum.StrEnum):
     SUSPENDED = "Suspended"  # the job is suspended: no pod is wanted
 
 
+# Entry states in which the pod was seen on `nodeName`: only there can a fault be counted.
+OBSERVED_ON_NODE = frozenset({EntryState.PENDING, EntryState.RUNNING})
+
+
 class ConditionStatus(enum.StrEnum):
     TRUE = "True"
     FALSE = "False"
@@ -95,21 +104,32 @@ class PodStatus(StatusModel):
     index: Count = Field(description="index is the worker or spare index (0 for the store pod).")
     role: str = Field(description="role is worker, spare or store.")
     pod_name: str = Field(description="podName is the pod's name.")
-    node_name: str | None = Field(default=None, description="nodeName is the node the pod is bound to.")
-    state: EntryState | None = Field(
-        default=None,
+    node_name: str = Field(default="", description="nodeName is the node the pod is bound to.")
+    state: EntryState = Field(
+        default=EntryState.CREATING,
         description="state is Creating, Pending, Running, Succeeded, Failed, Replacing or Suspended: the "
         "operator's record of the pod.",
     )
-    start_failures: Count | None = Field(
-        default=None,
+    start_failures: Count = Field(
+        default=0,
+        exclude_if=_unset,
         description="startFailures counts the consecutive pods of this worker that failed the same way "
         "(lastStartFailure) before any training step; at 3 the job fails (StartupFailed).",
     )
-    last_start_failure: Annotated[str, Field(max_length=1024)] | None = Field(
-        default=None,
+    last_start_failure: Annotated[str, Field(max_length=1024)] = Field(
+        default="",
+        exclude_if=_unset,
         description="lastStartFailure is the exit code and message those pods failed with.",
     )
+
+    def reset(self, state: EntryState = EntryState.CREATING) -> None:
+        """Forget the node: a new pod is wanted (or none, when suspended)."""
+        self.state, self.node_name = state, ""
+
+    @property
+    def on_node(self) -> bool:
+        """Seen Pending/Running on a recorded node: a fault of that pod is counted."""
+        return self.state in OBSERVED_ON_NODE and bool(self.node_name)
 
 
 class WorkersStatus(StatusModel):
@@ -136,6 +156,10 @@ class RestartsStatus(StatusModel):
     )
     total: Count = Field(default=0, description="total is the sum of the three.")
 
+    def counted(self) -> RestartsStatus:
+        """These counts with their total."""
+        return self.model_copy(update={"total": self.in_process + self.in_job + self.pod_replacement})
+
 
 class ExcludedNode(StatusModel):
     """A node the job no longer schedules onto."""
@@ -152,8 +176,9 @@ class NodeFault(StatusModel):
     count: Count = Field(default=0, description="count is the number of faults seen on it.")
     last_reason: str | None = Field(default=None, description="lastReason is the newest fault's reason.")
     last_time: DateTime | None = Field(default=None, description="lastTime is the newest fault's time.")
-    reported_faults: Count | None = Field(
-        default=None,
+    reported_faults: Count = Field(
+        default=0,
+        exclude_if=_unset,
         description=(
             "reportedFaults is the most faults a worker's trainer attributed to this node in its "
             "progress reports (CUDA errors, failed GPU health checks); past the operator's "

@@ -1,7 +1,7 @@
 """Failure handling and budgets: which worker was lost, how the failure policy judges it, and which
 nodes to avoid.
 
-A fault is counted only when an entry recorded Pending/Running on a node (`Entry.on_node`) meets a
+A fault is counted only when an entry recorded Pending/Running on a node (`PodStatus.on_node`) meets a
 lost, failed or disrupted pod, and the same status write moves the entry to `Replacing`: a crash
 after that write resumes from `Replacing` without counting again; a crash before it counted nothing.
 
@@ -45,7 +45,17 @@ from rtj_contract import termination
 from rtj_contract.times import format_rfc3339, parse_rfc3339
 
 from rtj_operator import constants, disruptions, events
-from rtj_operator.api import EntryState, ExitCodeOperator, FailureAction, FailureRule, FaultClass
+from rtj_operator.api import (
+    EntryState,
+    ExcludedNode,
+    ExitCodeOperator,
+    FailureAction,
+    FailureRule,
+    FaultClass,
+    NodeFault,
+    PodStatus,
+    RecentFault,
+)
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide import repeated, startup
 from rtj_operator.decide.actions import TaintNode
@@ -55,9 +65,6 @@ from rtj_operator.decide.state import (
     STORE,
     STORE_KEY,
     WORKER,
-    Entry,
-    ExcludedNodeRecord,
-    NodeFaultRecord,
     PassState,
 )
 from rtj_operator.observe import PodState
@@ -135,7 +142,7 @@ def detect_store_loss(run: PassState) -> Loss | None:
     return _pod_faulty(run, entry, pod)
 
 
-def _pod_gone(run: PassState, entry: Entry) -> Loss:
+def _pod_gone(run: PassState, entry: PodStatus) -> Loss:
     if entry.node_name not in run.observed.nodes:
         gone = NodeProblem("NodeDeleted", f"node {entry.node_name} was deleted", permanent=True)
         return Loss(entry.index, None, events.NODE_LOST, gone.message, gone, entry.role)
@@ -143,7 +150,7 @@ def _pod_gone(run: PassState, entry: Entry) -> Loss:
     return Loss(entry.index, None, events.WORKER_DISRUPTED, message, None, entry.role)
 
 
-def _pod_faulty(run: PassState, entry: Entry, pod: PodState) -> Loss | None:
+def _pod_faulty(run: PassState, entry: PodStatus, pod: PodState) -> Loss | None:
     index, role = entry.index, entry.role
     problem = run.problem(pod)
     if problem is not None:
@@ -342,7 +349,7 @@ def _within_budgets(run: PassState, verdicts: list[Verdict], charged: list[Verdi
         )
         if not new:
             continue
-        recent = sum(1 for cls, _ in run.budget.recent if cls == budget.fault_class)
+        recent = sum(1 for fault in run.budget.recent_faults if fault.fault_class == budget.fault_class)
         if recent + new > budget.max_restarts:
             _fail_budget(
                 run,
@@ -358,11 +365,11 @@ def _forget_old_faults(run: PassState) -> None:
     """Keep only the recent faults still inside their class's window (a class without a budget: none)."""
     windows = {b.fault_class.value: b.window_seconds for b in run.job.model.spec.failure_policy.budgets}
     kept = []
-    for cls, when in run.budget.recent:
-        moment = parse_rfc3339(when)
-        if cls in windows and moment is not None and run.now - moment < timedelta(seconds=windows[cls]):
-            kept.append((cls, when))
-    run.budget.recent = kept
+    for fault in run.budget.recent_faults:
+        moment, window = parse_rfc3339(fault.time), windows.get(fault.fault_class)
+        if window is not None and moment is not None and run.now - moment < timedelta(seconds=window):
+            kept.append(fault)
+    run.budget.recent_faults = kept
 
 
 def _count(run: PassState, charged: list[Verdict]) -> None:
@@ -371,8 +378,10 @@ def _count(run: PassState, charged: list[Verdict]) -> None:
     run.budget.failures_used += sum(1 for v in charged if _charges_failure(run, v))
     run.budget.disruptions += sum(1 for v in counted if v.fault_class == FaultClass.DISRUPTION)
     run.budget.ignored += len(charged) - len(counted)
-    run.budget.recent += [
-        (v.fault_class.value, format_rfc3339(run.now)) for v in counted if v.fault_class in windowed
+    run.budget.recent_faults += [
+        RecentFault(fault_class=v.fault_class.value, time=format_rfc3339(run.now))
+        for v in counted
+        if v.fault_class in windowed
     ]
     # A disruption is no crash loop: it never lengthens the backoff of the replacements after it.
     if any(v.fault_class != FaultClass.DISRUPTION for v in counted):
@@ -497,7 +506,7 @@ def _fail(run: PassState, reason: str, message: str) -> None:
     run.remove_all_pods()
 
 
-def attribute_late_node_loss(run: PassState, entry: Entry, pod: PodState) -> None:
+def attribute_late_node_loss(run: PassState, entry: PodStatus, pod: PodState) -> None:
     """Record the node loss behind a worker (or the store pod) already being replaced for another fault.
 
     Worker 0's node dies (FtLauncher; the store pod's, under Supervisor); the other workers lose the
@@ -531,7 +540,7 @@ def record_node_fault(run: PassState, node: str, problem: NodeProblem) -> None:
     run.faulted_nodes.add(node)
     record = next((f for f in run.faults if f.node_name == node), None)
     if record is None:
-        record = NodeFaultRecord(node)
+        record = NodeFault(node_name=node)
         run.faults.append(record)
     record.count += 1
     record.last_reason = problem.reason
@@ -543,11 +552,9 @@ def record_node_fault(run: PassState, node: str, problem: NodeProblem) -> None:
         _exclude(run, node, problem, record, threshold)
 
 
-def _exclude(
-    run: PassState, node: str, problem: NodeProblem, record: NodeFaultRecord, threshold: int
-) -> None:
+def _exclude(run: PassState, node: str, problem: NodeProblem, record: NodeFault, threshold: int) -> None:
     why = problem.reason if problem.permanent else "RepeatOffender"
-    run.excluded.append(ExcludedNodeRecord(node, why, format_rfc3339(run.now)))
+    run.excluded.append(ExcludedNode(node_name=node, reason=why, time=format_rfc3339(run.now)))
     detail = problem.message if problem.permanent else f"{record.count} faults (threshold {threshold})"
     run.event(events.WARNING, events.NODE_EXCLUDED, f"node {node} excluded for this job: {detail}")
     if run.job.policy.taint_excluded_nodes and node in run.observed.nodes:

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from rtj_operator import events, render
-from rtj_operator.api import EntryState
+from rtj_operator.api import EntryState, PodStatus
 from rtj_operator.decide import failures
 from rtj_operator.decide.actions import CreateObject
-from rtj_operator.decide.state import OBSERVED_ON_NODE, SPARE, STORE_KEY, WORKER, Entry, PassState
+from rtj_operator.decide.state import SPARE, STORE_KEY, WORKER, PassState
 from rtj_operator.observe import PodState
 
 
@@ -102,7 +102,7 @@ def run_worker(run: PassState, index: int) -> None:
         sync_entry_from_pod(entry, pod)
 
 
-def _drive_replacing(run: PassState, entry: Entry, pod: PodState | None) -> None:
+def _drive_replacing(run: PassState, entry: PodStatus, pod: PodState | None) -> None:
     """A counted fault: remove the old pod, then (after the backoff) create the replacement."""
     until = backoff_until(run)
     if pod is not None:
@@ -136,7 +136,7 @@ def _drive_replacing(run: PassState, entry: Entry, pod: PodState | None) -> None
     create_worker(run, entry.index, spare_node, replacement)
 
 
-def _drive_creating(run: PassState, entry: Entry, pod: PodState | None) -> None:
+def _drive_creating(run: PassState, entry: PodStatus, pod: PodState | None) -> None:
     """A wanted pod: create it, or replace one that cannot start where it was put."""
     if pod is None:
         if not store_allows_pods(run):
@@ -164,7 +164,7 @@ def _drive_creating(run: PassState, entry: Entry, pod: PodState | None) -> None:
     sync_entry_from_pod(entry, pod)
 
 
-def sync_entry_from_pod(entry: Entry, pod: PodState | None) -> None:
+def sync_entry_from_pod(entry: PodStatus, pod: PodState | None) -> None:
     """Record what is observed of a pod that is not being replaced."""
     if pod is None or pod.deleting:
         return
@@ -302,7 +302,7 @@ def run_spare(run: PassState, index: int) -> None:
         return
     problem = run.problem(pod)
     if problem is not None:
-        if entry.state in OBSERVED_ON_NODE and entry.node_name == pod.node_name:
+        if entry.on_node and entry.node_name == pod.node_name:
             failures.record_node_fault(run, pod.node_name, problem)
             run.event(events.WARNING, events.NODE_LOST, f"spare pod {pod.name}: {problem.message}")
         entry.reset()

@@ -94,7 +94,7 @@ def _fold_progress(run: PassState) -> None:
     spares' whose ranks took over) into restarts, progress and lastCheckpoint."""
     reports = [(p.uid, p.report) for _, p in sorted(run.pods.items()) if p.report is not None]
     previous = {
-        "restarts": run.restarts.to_status(),
+        "restarts": run.restarts.counted().to_status(),
         "progress": run.progress,
         "lastCheckpoint": run.last_checkpoint,
     }
@@ -120,7 +120,7 @@ def _advise_checkpoints(run: PassState) -> None:
     step_seconds = (run.progress or {}).get("stepTimeSeconds")
     run.checkpoint_advice = checkpoint_advice.advise(
         save_cost_seconds=cost,
-        faults=run.restarts.to_status()["total"],
+        faults=run.restarts.counted().total,
         training_seconds=run.folded.training_seconds,
         step_seconds=float(step_seconds) if isinstance(step_seconds, int | float) else None,
         configured_steps=run.job.model.spec.checkpoint.interval_steps,

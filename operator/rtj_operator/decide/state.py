@@ -1,10 +1,11 @@
 """The typed state of one reconcile pass: the job's status being rewritten, and what was decided.
 
-`PassState.begin` reads the job's status into typed records (one `Entry` per worker and spare, the
-node faults and exclusions, the restart counts); the policy modules (`failures`, `placement`,
-`lifecycle`) change those records and append actions and Events; `PassState.to_status` writes the
-records back in the status's JSON form. The helpers here are the few steps every policy shares:
-deleting a pod, asking to look again later, judging a pod's node, setting a condition.
+`PassState.begin` reads the job's status into its API models (`rtj_operator.api.status`: one
+`PodStatus` entry per worker and spare, the node faults and exclusions, the restart counts, the
+budget); the policy modules (`failures`, `placement`, `lifecycle`) change them and append actions
+and Events; `PassState.to_status` writes them back in the status's JSON form. The helpers here are
+the few steps every policy shares: deleting a pod, asking to look again later, judging a pod's
+node, setting a condition.
 """
 
 from __future__ import annotations
@@ -15,8 +16,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from rtj_operator import constants, events
-from rtj_operator.api import ConditionStatus, EntryState
+from rtj_operator.api import (
+    BudgetStatus,
+    ConditionStatus,
+    EntryState,
+    ExcludedNode,
+    NodeFault,
+    PodStatus,
+    ResilientTrainingJobStatus,
+    RestartsStatus,
+)
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import FORCE, GRACEFUL_DELETE_SECONDS, Action, DeletePod, Event
 from rtj_operator.decide.node_problems import NodeProblem, node_disruption, node_health_problem, node_problem
@@ -27,169 +39,23 @@ from rtj_operator.progress import FoldedProgress
 WORKER, SPARE, STORE = constants.ROLE_WORKER, constants.ROLE_SPARE, constants.ROLE_STORE
 # The store pod's key (faultTolerance.launcher Supervisor): one per job.
 STORE_KEY = (STORE, 0)
-# Entry states in which the pod was seen on `nodeName`: only there can a fault be counted.
-OBSERVED_ON_NODE = frozenset({EntryState.PENDING, EntryState.RUNNING})
-
 EntryKey = tuple[str, int]  # (role, index)
 
 
-@dataclass
-class Entry:
-    """status.workers.pods[] (status.store for the store pod): the operator's record of one pod."""
-
-    role: str
-    index: int
-    pod_name: str
-    node_name: str = ""
-    state: EntryState = EntryState.CREATING
-    # Consecutive pods of this worker that failed the same way (`last_start_failure`) before any
-    # training step (decide.startup); kept across the worker's pods.
-    start_failures: int = 0
-    last_start_failure: str = ""
-
-    @classmethod
-    def from_status(cls, raw: Mapping[str, Any]) -> Entry:
-        state = str(raw.get("state") or "")
-        failures = raw.get("startFailures")
-        return cls(
-            role=str(raw.get("role")),
-            index=int(raw["index"]),
-            pod_name=str(raw.get("podName") or ""),
-            node_name=str(raw.get("nodeName") or ""),
-            state=EntryState(state) if state in set(EntryState) else EntryState.CREATING,
-            start_failures=failures if isinstance(failures, int) and failures > 0 else 0,
-            last_start_failure=str(raw.get("lastStartFailure") or ""),
-        )
-
-    def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "index": self.index,
-            "role": self.role,
-            "podName": self.pod_name,
-            "nodeName": self.node_name,
-            "state": self.state.value,
-        }
-        if self.start_failures:
-            out["startFailures"] = self.start_failures
-            out["lastStartFailure"] = self.last_start_failure
-        return out
-
-    def reset(self, state: EntryState = EntryState.CREATING) -> None:
-        """Forget the node: a new pod is wanted (or none, when suspended)."""
-        self.state, self.node_name = state, ""
-
-    @property
-    def on_node(self) -> bool:
-        """Seen Pending/Running on a recorded node: a fault of that pod is counted."""
-        return self.state in OBSERVED_ON_NODE and bool(self.node_name)
-
-
-@dataclass
-class NodeFaultRecord:
-    """status.nodeFaults[]: faults this job saw on one node."""
-
-    node_name: str
-    count: int = 0
-    last_reason: str | None = None
-    last_time: str | None = None
-    reported: int = 0  # the most faults a trainer on the node attributed to it (progress reports)
-
-    def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"nodeName": self.node_name, "count": self.count}
-        if self.last_reason is not None:
-            out["lastReason"] = self.last_reason
-        if self.last_time is not None:
-            out["lastTime"] = self.last_time
-        if self.reported:
-            out["reportedFaults"] = self.reported
-        return out
-
-
-@dataclass
-class ExcludedNodeRecord:
-    """status.excludedNodes[]: a node this job no longer schedules onto."""
-
-    node_name: str
-    reason: str | None = None
-    time: str | None = None
-
-    def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"nodeName": self.node_name}
-        if self.reason is not None:
-            out["reason"] = self.reason
-        if self.time is not None:
-            out["time"] = self.time
-        return out
-
-
-@dataclass
-class Restarts:
-    """status.restarts: in-process and in-job restarts (folded from the pods) and replacements."""
-
-    in_process: int = 0
-    in_job: int = 0
-    pod_replacement: int = 0
-
-    @classmethod
-    def from_status(cls, raw: Mapping[str, Any]) -> Restarts:
-        def count(key: str) -> int:
-            value = raw.get(key)
-            return value if isinstance(value, int) and value >= 0 else 0
-
-        return cls(count("inProcess"), count("inJob"), count("podReplacement"))
-
-    def to_status(self) -> dict[str, int]:
-        return {
-            "inProcess": self.in_process,
-            "inJob": self.in_job,
-            "podReplacement": self.pod_replacement,
-            "total": self.in_process + self.in_job + self.pod_replacement,
-        }
-
-
-@dataclass
-class Budget:
-    """status.budget: what the failure policy counted (see decide.failures).
-
-    A status written before the failure policy had classes has no `budget`: every replacement was
-    charged then, so `failuresUsed` starts from `podReplacement`.
-    """
-
-    failures_used: int = 0
-    disruptions: int = 0
-    ignored: int = 0
-    consecutive_faults: int = 0
-    recent: list[tuple[str, str]] = field(default_factory=list)  # (fault class, time), oldest first
-
-    @classmethod
-    def from_status(cls, raw: Mapping[str, Any] | None, restarts: Restarts) -> Budget:
-        if raw is None:
-            return cls(failures_used=restarts.pod_replacement)
-
-        def count(key: str) -> int:
-            value = raw.get(key)
-            return value if isinstance(value, int) and value >= 0 else 0
-
-        recent = [
-            (str(f.get("faultClass")), str(f.get("time")))
-            for f in _dicts(raw.get("recentFaults"))
-            if f.get("faultClass") and f.get("time")
-        ]
-        return cls(
-            count("failuresUsed"), count("disruptions"), count("ignored"), count("consecutiveFaults"), recent
-        )
-
-    def to_status(self) -> dict[str, Any]:
-        return {
-            "failuresUsed": self.failures_used,
-            "disruptions": self.disruptions,
-            "ignored": self.ignored,
-            "consecutiveFaults": self.consecutive_faults,
-            "recentFaults": [{"faultClass": c, "time": t} for c, t in self.recent],
-        }
-
-    def is_empty(self) -> bool:
-        return self == Budget()
+def read_status(raw: Mapping[str, Any]) -> ResilientTrainingJobStatus:
+    """The job's status as its models read it. A part they refuse (written by someone else, or by an
+    older operator) is read as absent, so one bad field never stops the job's passes."""
+    refused: set[str] = set()
+    while True:
+        try:
+            return ResilientTrainingJobStatus.model_validate(
+                {k: v for k, v in raw.items() if k not in refused}
+            )
+        except ValidationError as error:
+            parts = {str(e["loc"][0]) for e in error.errors() if e["loc"]}
+            if not parts - refused:
+                return ResilientTrainingJobStatus()
+            refused |= parts
 
 
 def _dicts(value: object) -> list[dict[str, Any]]:
@@ -214,11 +80,11 @@ class PassState:
     now: datetime
     # The status, as typed records.
     conditions: list[dict[str, Any]]
-    restarts: Restarts
-    budget: Budget
-    excluded: list[ExcludedNodeRecord]
-    faults: list[NodeFaultRecord]
-    entries: dict[EntryKey, Entry]
+    restarts: RestartsStatus
+    budget: BudgetStatus
+    excluded: list[ExcludedNode]
+    faults: list[NodeFault]
+    entries: dict[EntryKey, PodStatus]
     start_time: str | None
     completion_time: str | None
     progress: dict[str, Any] | None  # folded from the pods' reports (progress.fold_progress)
@@ -245,15 +111,14 @@ class PassState:
     @classmethod
     def begin(cls, job: JobView, observed: Observed, now: datetime) -> PassState:
         old = copy.deepcopy(dict(job.status))
-        workers = old.get("workers") or {}
+        status = read_status(old)
         entries = {
-            (str(raw.get("role")), raw["index"]): Entry.from_status(raw)
-            for raw in _dicts(workers.get("pods"))
-            if isinstance(raw.get("index"), int) and raw.get("role") in (WORKER, SPARE)
+            (entry.role, entry.index): entry
+            for entry in (status.workers.pods if status.workers is not None else [])
+            if entry.role in (WORKER, SPARE)
         }
-        store = _dict_or_none(old.get("store"))
-        if store is not None and store.get("index") == 0:
-            entries[STORE_KEY] = Entry.from_status(store)
+        if status.store is not None and status.store.index == 0:
+            entries[STORE_KEY] = status.store
         pods: dict[EntryKey, PodState] = {}
         stray: list[PodState] = []
         for pod in observed.pods:
@@ -264,31 +129,21 @@ class PassState:
                 stray.append(pod)
             else:
                 pods[(pod.role, pod.index)] = pod
-        restarts = Restarts.from_status(old.get("restarts") or {})
+        restarts = status.restarts or RestartsStatus()
         return cls(
             job=job,
             observed=observed,
             now=now,
             conditions=_dicts(old.get("conditions")),
             restarts=restarts,
-            budget=Budget.from_status(_dict_or_none(old.get("budget")), restarts),
-            excluded=[
-                ExcludedNodeRecord(str(e.get("nodeName") or ""), e.get("reason"), e.get("time"))
-                for e in _dicts(old.get("excludedNodes"))
-            ],
-            faults=[
-                NodeFaultRecord(
-                    str(f.get("nodeName") or ""),
-                    int(f.get("count") or 0),
-                    f.get("lastReason"),
-                    f.get("lastTime"),
-                    f["reportedFaults"] if isinstance(f.get("reportedFaults"), int) else 0,
-                )
-                for f in _dicts(old.get("nodeFaults"))
-            ],
+            # A status written before the failure policy had classes has no budget: every replacement
+            # was charged then.
+            budget=status.budget or BudgetStatus(failures_used=restarts.pod_replacement),
+            excluded=status.excluded_nodes,
+            faults=status.node_faults,
             entries=entries,
-            start_time=old.get("startTime"),
-            completion_time=old.get("completionTime"),
+            start_time=status.start_time,
+            completion_time=status.completion_time,
             progress=_dict_or_none(old.get("progress")),
             last_checkpoint=_dict_or_none(old.get("lastCheckpoint")),
             last_recovery=_dict_or_none(old.get("lastRecovery")),
@@ -361,14 +216,14 @@ class PassState:
                 continue
             record = next((f for f in self.faults if f.node_name == pod.node_name), None)
             if record is None:
-                record = NodeFaultRecord(pod.node_name)
+                record = NodeFault(node_name=pod.node_name)
                 self.faults.append(record)
-            record.reported = max(record.reported, faults.count)
+            record.reported_faults = max(record.reported_faults, faults.count)
 
-    def entry(self, role: str, index: int) -> Entry:
+    def entry(self, role: str, index: int) -> PodStatus:
         key = (role, index)
         if key not in self.entries:
-            self.entries[key] = Entry(role, index, self.job.pod_name(role, index))
+            self.entries[key] = PodStatus(role=role, index=index, pod_name=self.job.pod_name(role, index))
         return self.entries[key]
 
     def pod(self, role: str, index: int) -> PodState | None:
@@ -434,13 +289,13 @@ class PassState:
                 "readyText": f"{ready}/{self.job.nodes}",
                 "pods": [self.entries[k].to_status() for k in ordered],
             },
-            "restarts": self.restarts.to_status(),
+            "restarts": self.restarts.counted().to_status(),
             "excludedNodes": [e.to_status() for e in self.excluded],
             "nodeFaults": [f.to_status() for f in self.faults],
         }
         if STORE_KEY in self.entries:
             status["store"] = self.entries[STORE_KEY].to_status()
-        if not self.budget.is_empty():
+        if self.budget != BudgetStatus():
             status["budget"] = self.budget.to_status()
         for key, value in (
             ("startTime", self.start_time),
