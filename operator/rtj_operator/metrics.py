@@ -26,7 +26,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from rtj_contract.times import epoch_seconds
 
-from rtj_operator.api import JobState
+from rtj_operator.api import (
+    CheckpointAdviceStatus,
+    CheckpointStatus,
+    ConditionStatus,
+    JobState,
+    ProgressStatus,
+    ResilientTrainingJobStatus,
+)
 from rtj_operator.decide import conditions as cond
 
 RECONCILE_TOTAL = prometheus_client.Counter("rtj_reconcile_total", "Reconcile passes, by result.", ["result"])
@@ -105,60 +112,43 @@ class JobSeries:
     @classmethod
     def from_status(
         cls,
-        status: Mapping[str, object],
+        raw: Mapping[str, object],
         goodput_percent: float | None,
         failures_allowed: int | None = None,
     ) -> JobSeries:
-        progress, checkpoint, workers, restarts, recovery, advice, budget = (
-            _dict(status.get(k))
-            for k in (
-                "progress",
-                "lastCheckpoint",
-                "workers",
-                "restarts",
-                "lastRecovery",
-                "checkpointAdvice",
-                "budget",
-            )
-        )
-        excluded = status.get("excludedNodes")
-        conditions = status.get("conditions")
-        stalled = [
-            c
-            for c in (conditions if isinstance(conditions, list) else [])
-            if _dict(c).get("type") == cond.COND_STALLED
-        ]
+        status = ResilientTrainingJobStatus.read(raw)
+        progress = status.progress or ProgressStatus()
+        checkpoint = status.last_checkpoint or CheckpointStatus()
+        restarts = status.restarts.model_dump(by_alias=True) if status.restarts is not None else {}
+        advice = status.checkpoint_advice or CheckpointAdviceStatus()
+        stalled = next((c for c in status.conditions if c.type == cond.COND_STALLED), None)
         return cls(
             goodput_ratio=goodput_percent / 100.0 if goodput_percent is not None else None,
-            step=_number(progress.get("step")),
-            step_seconds=_number(progress.get("stepTimeSeconds")),
-            progress_time=_epoch(progress.get("updateTime")),
-            checkpoint_step=_number(checkpoint.get("step")),
-            checkpoint_time=_epoch(checkpoint.get("time")),
-            workers_ready=_number(workers.get("ready")),
-            workers_desired=_number(workers.get("desired")),
+            step=_number(progress.step),
+            step_seconds=progress.step_time_seconds,
+            progress_time=_epoch(progress.update_time),
+            checkpoint_step=_number(checkpoint.step),
+            checkpoint_time=_epoch(checkpoint.time),
+            workers_ready=_number(status.workers.ready) if status.workers is not None else None,
+            workers_desired=_number(status.workers.desired) if status.workers is not None else None,
             restarts=tuple(
                 (layer, value)
                 for key, layer in _LAYERS.items()
                 if (value := _number(restarts.get(key))) is not None
             ),
-            stalled=float(_dict(stalled[0]).get("status") == "True") if stalled else None,
-            last_recovery_seconds=_number(recovery.get("durationSeconds")),
-            advised_interval_steps=_number(advice.get("recommendedIntervalSteps")),
-            configured_interval_steps=_number(advice.get("configuredIntervalSteps")),
-            samples=_number(progress.get("samples")),
-            tokens=_number(progress.get("tokens")),
-            samples_per_second=_number(progress.get("samplesPerSecond")),
-            tokens_per_second=_number(progress.get("tokensPerSecond")),
-            state=state if isinstance(state := status.get("state"), str) else None,
-            failures_used=_number(budget.get("failuresUsed", 0)),
+            stalled=float(stalled.status == ConditionStatus.TRUE) if stalled is not None else None,
+            last_recovery_seconds=status.last_recovery.duration_seconds if status.last_recovery else None,
+            advised_interval_steps=_number(advice.recommended_interval_steps),
+            configured_interval_steps=_number(advice.configured_interval_steps),
+            samples=_number(progress.samples),
+            tokens=_number(progress.tokens),
+            samples_per_second=progress.samples_per_second,
+            tokens_per_second=progress.tokens_per_second,
+            state=status.state.value if status.state is not None else None,
+            failures_used=_number(status.budget.failures_used if status.budget is not None else 0),
             failures_allowed=_number(failures_allowed),
-            excluded_nodes=float(len(excluded)) if isinstance(excluded, list) else 0.0,
+            excluded_nodes=float(len(status.excluded_nodes)),
         )
-
-
-def _dict(value: object) -> Mapping[str, object]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _number(value: object) -> float | None:

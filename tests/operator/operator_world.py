@@ -158,7 +158,7 @@ class World:
         if not write_status:
             return plan
         if plan.status_changed:
-            self.job["status"] = copy.deepcopy(plan.status)
+            self.job["status"] = plan.status.to_status()
         self.offsets = dict(plan.offsets)
         self.events.extend(plan.events)
         for n, action in enumerate(plan.actions):

@@ -40,7 +40,8 @@ def created_kinds(result: decide.Plan) -> list[str]:
 
 
 def blocked(result: decide.Plan) -> dict[str, Any] | None:
-    return next((c for c in result.status.get("conditions") or [] if c["type"] == cond.COND_BLOCKED), None)
+    conditions = result.status.to_status()["conditions"]
+    return next((c for c in conditions if c["type"] == cond.COND_BLOCKED), None)
 
 
 @pytest.mark.parametrize(
@@ -102,12 +103,12 @@ def test_a_suspended_job_creates_no_volume_either() -> None:
 def test_the_condition_is_said_once_and_cleared_when_the_spec_names_an_allowed_file_system() -> None:
     job = fsx_job(FS_B)
     first = plan(job, [f"ml={FS_A}"])
-    job["status"] = first.status
+    job["status"] = first.status.to_status()
     again = plan(job, [f"ml={FS_A}"])
     assert not again.events and not again.status_changed
     fixed = fsx_job(FS_A)
     fixed["metadata"]["generation"] = 2
-    fixed["status"] = first.status
+    fixed["status"] = first.status.to_status()
     result = plan(fixed, [f"ml={FS_A}"])
     condition = blocked(result)
     assert condition is not None and condition["status"] == "False"

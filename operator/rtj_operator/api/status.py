@@ -8,9 +8,16 @@ once and used by the schema and by the operator's decisions (`rtj_operator.decid
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import (
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from rtj_operator.api.schema import INT32_MAX, DateTime, Int64, SchemaExtra, StatusModel
 
@@ -297,7 +304,20 @@ class ProgressStatus(StatusModel):
     )
 
 
-class RecoveryStatus(StatusModel):
+class NullsWritten(StatusModel):
+    """A part of the status rewritten whole each time: every field is written, null when unknown.
+    Status is written as a merge patch, in which only a null removes a field an earlier version had
+    (a stale `message` beside a recommendation, an old `faultTime` beside a new recovery)."""
+
+    @model_serializer(mode="wrap")
+    def _nulls_kept(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        written: dict[str, Any] = handler(self)
+        for name, field in type(self).model_fields.items():
+            written.setdefault(field.alias if info.by_alias and field.alias else name, None)
+        return written
+
+
+class RecoveryStatus(NullsWritten):
     """The newest recovery from a fault, from the fault to the first step (or the ranks) after it."""
 
     reason: str | None = Field(
@@ -322,7 +342,7 @@ class RecoveryStatus(StatusModel):
     )
 
 
-class CheckpointAdviceStatus(StatusModel):
+class CheckpointAdviceStatus(NullsWritten):
     """The checkpoint interval the measured costs advise (Young/Daly), beside the configured one."""
 
     save_cost_seconds: float | None = Field(
@@ -414,3 +434,17 @@ class ResilientTrainingJobStatus(StatusModel):
         description="checkpointAdvice is the checkpoint interval the measured save cost and fault rate "
         "advise.",
     )
+
+    @classmethod
+    def read(cls, raw: Mapping[str, Any]) -> ResilientTrainingJobStatus:
+        """A stored status as the models read it. A part they refuse (written by someone else, or by an
+        older operator) is read as absent, so that one bad field never stops the job's passes."""
+        refused: set[str] = set()
+        while True:
+            try:
+                return cls.model_validate({k: v for k, v in raw.items() if k not in refused})
+            except ValidationError as error:
+                parts = {str(e["loc"][0]) for e in error.errors() if e["loc"]}
+                if not parts - refused:
+                    return cls()
+                refused |= parts

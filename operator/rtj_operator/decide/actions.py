@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rtj_operator.api import ResilientTrainingJobStatus
 from rtj_operator.progress import RestartOffset
 
 # A pod removed on a healthy node is given this long to exit (seconds); a pod on a dead node is
@@ -88,7 +89,7 @@ class Event:
 class Plan:
     """The outcome of one decision: the status to write, then the actions and Events, in order."""
 
-    status: dict[str, Any]
+    status: ResilientTrainingJobStatus
     status_changed: bool
     actions: tuple[Action, ...]
     events: tuple[Event, ...]

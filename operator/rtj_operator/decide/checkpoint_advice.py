@@ -18,16 +18,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rtj_operator.api import CheckpointAdviceStatus
+
 # The fields of status.checkpointAdvice.
-ADVICE_FIELDS = (
-    "saveCostSeconds",
-    "faults",
-    "meanTimeBetweenFaultsSeconds",
-    "recommendedIntervalSeconds",
-    "recommendedIntervalSteps",
-    "configuredIntervalSteps",
-    "message",
-)
+# status.checkpointAdvice's fields, by their JSON names: `advise` gives each (null when unknown).
+ADVICE_FIELDS = tuple(field.alias or name for name, field in CheckpointAdviceStatus.model_fields.items())
 # Without a fault there is no rate to advise from: said in the status instead of a number.
 NO_FAULT_YET = "no fault counted yet: no interval to advise"
 NO_SAVE_YET = "no checkpoint save measured yet: no interval to advise"

@@ -143,12 +143,12 @@ _STATE_BY_CONDITION = (
 )
 
 
-def state_from_conditions(conditions: Sequence[Mapping[str, Any]]) -> str:
+def state_from_conditions(conditions: Sequence[Mapping[str, Any]]) -> JobState:
     """status.state, for kubectl: the most significant true condition."""
     for type_, state in _STATE_BY_CONDITION:
         if condition_true(conditions, type_):
-            return state.value
-    return JobState.PENDING.value
+            return state
+    return JobState.PENDING
 
 
 def sorted_conditions(conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:

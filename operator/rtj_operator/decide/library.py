@@ -44,8 +44,8 @@ def runs_library_program(spec: ResilientTrainingJobSpec) -> bool:
 
 def library_version(run: PassState) -> str | None:
     """The rtj library version the workers report (now or before), None when none did."""
-    version = (run.progress or {}).get("library")
-    return version if isinstance(version, str) and version else None
+    version = run.progress.library if run.progress is not None else None
+    return version or None
 
 
 def ignored_settings(spec: ResilientTrainingJobSpec) -> list[str]:
@@ -93,8 +93,8 @@ def watch_settings(run: PassState) -> None:
 def _trains_without_library(run: PassState) -> bool:
     """Whether training is seen without the library: a step from the log-line pattern, or every worker
     ready for stallAfterSeconds with no library report (until then, ask to look again then)."""
-    sources = (run.progress or {}).get("sources")
-    if isinstance(sources, Mapping) and sources.get("step") == StepSource.LOG_PATTERN:
+    sources = run.progress.sources if run.progress is not None else None
+    if sources is not None and sources.step == StepSource.LOG_PATTERN:
         return True
     ready = cond.ready_since(run.conditions, run.now)
     if ready is None:

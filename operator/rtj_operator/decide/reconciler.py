@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from rtj_operator.api import CheckpointAdviceStatus, CheckpointStatus, ProgressStatus
 from rtj_operator.decide import (
     admission,
     capacity,
@@ -95,16 +96,18 @@ def _fold_progress(run: PassState) -> None:
     reports = [(p.uid, p.report) for _, p in sorted(run.pods.items()) if p.report is not None]
     previous = {
         "restarts": run.restarts.counted().to_status(),
-        "progress": run.progress,
-        "lastCheckpoint": run.last_checkpoint,
+        "progress": run.progress.to_status() if run.progress is not None else None,
+        "lastCheckpoint": run.last_checkpoint.to_status() if run.last_checkpoint is not None else None,
     }
     leaving = {p.uid for p in run.pods.values() if p.deleting}
     folded = fold_progress(previous, reports, run.observed.offsets, run.now, leaving)
     run.folded = folded
     run.restarts.in_process = folded.in_process_restarts
     run.restarts.in_job = folded.in_job_restarts
-    run.progress = folded.progress
-    run.last_checkpoint = folded.last_checkpoint
+    run.progress = ProgressStatus.model_validate(folded.progress) if folded.progress else None
+    run.last_checkpoint = (
+        CheckpointStatus.model_validate(folded.last_checkpoint) if folded.last_checkpoint else None
+    )
     training.note_advance(run)
 
 
@@ -114,17 +117,16 @@ def _advise_checkpoints(run: PassState) -> None:
     if run.folded is None or not run.folded.reported:
         return
     cost = run.folded.save_cost_seconds
-    if cost is None:
-        kept = (run.checkpoint_advice or {}).get("saveCostSeconds")
-        cost = float(kept) if isinstance(kept, int | float) and not isinstance(kept, bool) else None
-    step_seconds = (run.progress or {}).get("stepTimeSeconds")
-    run.checkpoint_advice = checkpoint_advice.advise(
+    if cost is None and run.checkpoint_advice is not None:
+        cost = run.checkpoint_advice.save_cost_seconds
+    advice = checkpoint_advice.advise(
         save_cost_seconds=cost,
         faults=run.restarts.counted().total,
         training_seconds=run.folded.training_seconds,
-        step_seconds=float(step_seconds) if isinstance(step_seconds, int | float) else None,
+        step_seconds=run.progress.step_time_seconds if run.progress is not None else None,
         configured_steps=run.job.model.spec.checkpoint.interval_steps,
     )
+    run.checkpoint_advice = CheckpointAdviceStatus.model_validate(advice)
 
 
 def _plan(run: PassState) -> Plan:
@@ -137,7 +139,7 @@ def _plan(run: PassState) -> Plan:
         requeue = max(MIN_REQUEUE_SECONDS, (run.requeue - run.now).total_seconds())
     return Plan(
         status=status,
-        status_changed=lifecycle.comparable(status) != lifecycle.comparable(run.job.status),
+        status_changed=lifecycle.comparable(status.to_status()) != lifecycle.comparable(run.job.status),
         actions=tuple(run.actions),
         events=tuple(run.events),
         requeue_after=requeue,

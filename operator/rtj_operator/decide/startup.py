@@ -102,5 +102,5 @@ def _same_failure(one: str, other: str) -> bool:
 
 def _before_any_step(run: PassState, pod: PodState) -> bool:
     """Whether no training step advanced while the pod existed."""
-    advanced = parse_rfc3339((run.progress or {}).get("lastAdvanceTime"))
+    advanced = parse_rfc3339(run.progress.last_advance_time if run.progress is not None else None)
     return advanced is None or (pod.created is not None and advanced < pod.created)

@@ -11,23 +11,27 @@ node, setting a condition.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
-
 from rtj_operator import constants, events
 from rtj_operator.api import (
     BudgetStatus,
+    CheckpointAdviceStatus,
+    CheckpointStatus,
+    Condition,
     ConditionStatus,
     EntryState,
     ExcludedNode,
     NodeFault,
     PodStatus,
+    ProgressStatus,
+    RecoveryStatus,
     ResilientTrainingJobStatus,
     RestartsStatus,
+    WorkersStatus,
 )
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import FORCE, GRACEFUL_DELETE_SECONDS, Action, DeletePod, Event
@@ -42,28 +46,8 @@ STORE_KEY = (STORE, 0)
 EntryKey = tuple[str, int]  # (role, index)
 
 
-def read_status(raw: Mapping[str, Any]) -> ResilientTrainingJobStatus:
-    """The job's status as its models read it. A part they refuse (written by someone else, or by an
-    older operator) is read as absent, so one bad field never stops the job's passes."""
-    refused: set[str] = set()
-    while True:
-        try:
-            return ResilientTrainingJobStatus.model_validate(
-                {k: v for k, v in raw.items() if k not in refused}
-            )
-        except ValidationError as error:
-            parts = {str(e["loc"][0]) for e in error.errors() if e["loc"]}
-            if not parts - refused:
-                return ResilientTrainingJobStatus()
-            refused |= parts
-
-
 def _dicts(value: object) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
-
-
-def _dict_or_none(value: object) -> dict[str, Any] | None:
-    return value if isinstance(value, dict) else None
 
 
 def _avoided_now(node: NodeState, health: NodeHealth) -> bool:
@@ -87,10 +71,10 @@ class PassState:
     entries: dict[EntryKey, PodStatus]
     start_time: str | None
     completion_time: str | None
-    progress: dict[str, Any] | None  # folded from the pods' reports (progress.fold_progress)
-    last_checkpoint: dict[str, Any] | None
-    last_recovery: dict[str, Any] | None  # the newest ended recovery (decide.training)
-    checkpoint_advice: dict[str, Any] | None  # the advised checkpoint interval (decide.checkpoint_advice)
+    progress: ProgressStatus | None  # folded from the pods' reports (progress.fold_progress)
+    last_checkpoint: CheckpointStatus | None
+    last_recovery: RecoveryStatus | None  # the newest ended recovery (decide.training)
+    checkpoint_advice: CheckpointAdviceStatus | None  # the advised interval (decide.checkpoint_advice)
     # The job's pods by (role, index); pods with an index beyond spec (`stray`) are only removed.
     pods: dict[EntryKey, PodState]
     stray: list[PodState]
@@ -111,7 +95,7 @@ class PassState:
     @classmethod
     def begin(cls, job: JobView, observed: Observed, now: datetime) -> PassState:
         old = copy.deepcopy(dict(job.status))
-        status = read_status(old)
+        status = ResilientTrainingJobStatus.read(old)
         entries = {
             (entry.role, entry.index): entry
             for entry in (status.workers.pods if status.workers is not None else [])
@@ -144,10 +128,10 @@ class PassState:
             entries=entries,
             start_time=status.start_time,
             completion_time=status.completion_time,
-            progress=_dict_or_none(old.get("progress")),
-            last_checkpoint=_dict_or_none(old.get("lastCheckpoint")),
-            last_recovery=_dict_or_none(old.get("lastRecovery")),
-            checkpoint_advice=_dict_or_none(old.get("checkpointAdvice")),
+            progress=status.progress,
+            last_checkpoint=status.last_checkpoint,
+            last_recovery=status.last_recovery,
+            checkpoint_advice=status.checkpoint_advice,
             pods=pods,
             stray=stray,
         )
@@ -275,36 +259,29 @@ class PassState:
         )
         return ready, succeeded, ready_spares
 
-    def to_status(self) -> dict[str, Any]:
+    def to_status(self) -> ResilientTrainingJobStatus:
         ready, _, spares = self.worker_counts()
         ordered = sorted((k for k in self.entries if k != STORE_KEY), key=lambda k: (k[0] != WORKER, k[1]))
-        status: dict[str, Any] = {
-            "observedGeneration": self.job.generation,
-            "state": cond.state_from_conditions(self.conditions),
-            "conditions": cond.sorted_conditions(self.conditions),
-            "workers": {
-                "desired": self.job.nodes,
-                "ready": ready,
-                "readySpares": spares,
-                "readyText": f"{ready}/{self.job.nodes}",
-                "pods": [self.entries[k].to_status() for k in ordered],
-            },
-            "restarts": self.restarts.counted().to_status(),
-            "excludedNodes": [e.to_status() for e in self.excluded],
-            "nodeFaults": [f.to_status() for f in self.faults],
-        }
-        if STORE_KEY in self.entries:
-            status["store"] = self.entries[STORE_KEY].to_status()
-        if self.budget != BudgetStatus():
-            status["budget"] = self.budget.to_status()
-        for key, value in (
-            ("startTime", self.start_time),
-            ("completionTime", self.completion_time),
-            ("progress", self.progress),
-            ("lastCheckpoint", self.last_checkpoint),
-            ("lastRecovery", self.last_recovery),
-            ("checkpointAdvice", self.checkpoint_advice),
-        ):
-            if value:
-                status[key] = value
-        return status
+        return ResilientTrainingJobStatus(
+            observed_generation=self.job.generation,
+            state=cond.state_from_conditions(self.conditions),
+            conditions=[Condition.model_validate(c) for c in cond.sorted_conditions(self.conditions)],
+            workers=WorkersStatus(
+                desired=self.job.nodes,
+                ready=ready,
+                ready_spares=spares,
+                ready_text=f"{ready}/{self.job.nodes}",
+                pods=[self.entries[k] for k in ordered],
+            ),
+            store=self.entries.get(STORE_KEY),
+            restarts=self.restarts.counted(),
+            budget=self.budget if self.budget != BudgetStatus() else None,
+            excluded_nodes=self.excluded,
+            node_faults=self.faults,
+            start_time=self.start_time,
+            completion_time=self.completion_time,
+            progress=self.progress,
+            last_checkpoint=self.last_checkpoint,
+            last_recovery=self.last_recovery,
+            checkpoint_advice=self.checkpoint_advice,
+        )

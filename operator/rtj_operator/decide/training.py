@@ -46,7 +46,7 @@ from typing import Any
 from rtj_contract.times import format_rfc3339, parse_rfc3339
 
 from rtj_operator import events
-from rtj_operator.api.status import ConditionStatus, RestartsSource
+from rtj_operator.api.status import ConditionStatus, ProgressStatus, RecoveryStatus, RestartsSource
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide import library, startup
 from rtj_operator.decide.state import WORKER, PassState
@@ -93,8 +93,9 @@ def ready_since(run: PassState) -> datetime | None:
 
 
 def _current_step(run: PassState) -> int | None:
-    step = (run.progress or {}).get("currentStep", (run.progress or {}).get("step"))
-    return step if isinstance(step, int) else None
+    if run.progress is None:
+        return None
+    return run.progress.current_step if run.progress.current_step is not None else run.progress.step
 
 
 def _advanced(run: PassState) -> bool:
@@ -109,8 +110,12 @@ def _reports(run: PassState) -> list[ProgressReport]:
 def steps_reported(run: PassState) -> bool:
     """Whether a worker reports the job's step (the library's, or a pattern's even before its first
     match), or the job reported a step before."""
-    progress = run.progress or {}
-    return any(r.reports_steps for r in _reports(run)) or "currentStep" in progress or "step" in progress
+    progress = run.progress or ProgressStatus()
+    return (
+        any(r.reports_steps for r in _reports(run))
+        or progress.current_step is not None
+        or progress.step is not None
+    )
 
 
 def steps_expected(run: PassState) -> bool:
@@ -142,7 +147,9 @@ def ranks_reported(run: PassState) -> bool:
     """Whether the workers report their ranks: a report shows them, or the workers reported `sources`
     before (rtj-launch's view of the ranks always comes with them), so a new pod's first report is
     awaited rather than its readiness taken for training."""
-    return any(r.ranks is not None for r in _reports(run)) or "sources" in (run.progress or {})
+    return any(r.ranks is not None for r in _reports(run)) or (
+        run.progress is not None and run.progress.sources is not None
+    )
 
 
 def note_advance(run: PassState) -> None:
@@ -164,7 +171,7 @@ def watch_stall(run: PassState) -> None:
         return
     ready = ready_since(run)
     limit = run.job.model.spec.progress.stall_after_seconds
-    last_advance = parse_rfc3339((run.progress or {}).get("lastAdvanceTime"))
+    last_advance = parse_rfc3339(run.progress.last_advance_time if run.progress is not None else None)
     deadline = stall_deadline(last_advance, ready, limit)
     if ready is None or deadline is None:
         _not_stalled(run, cond.REASON_WORKERS_NOT_READY, "not every worker is ready")
@@ -260,14 +267,13 @@ def end_recovery(run: PassState) -> None:
     run.condition(cond.COND_RECOVERING, False, events.JOB_RECOVERED, message)
     if ranks_at is not None:
         startup.forget_start_failures(run)  # training got going (a step does so in `note_advance`)
-    # Every field, None when unknown: status is a merge patch, where only null removes a field.
-    run.last_recovery = {
-        "reason": recovering.get("reason") or None,
-        "faultTime": format_rfc3339(started) if started is not None else None,
-        "resumeTime": format_rfc3339(resumed),
-        "durationSeconds": seconds,
-        "step": step,
-    }
+    run.last_recovery = RecoveryStatus(
+        reason=recovering.get("reason") or None,
+        fault_time=format_rfc3339(started) if started is not None else None,
+        resume_time=format_rfc3339(resumed),
+        duration_seconds=seconds,
+        step=step,
+    )
 
 
 def await_progress(run: PassState) -> None:
@@ -304,19 +310,19 @@ def note_launcher_restart(run: PassState) -> None:
     newest = max((t for t in timed if t.kind == cond.REASON_IN_JOB_RESTART), key=_resumed, default=None)
     if newest is None or newest.fault_time is None:
         return
-    recorded = parse_rfc3339((run.last_recovery or {}).get("resumeTime"))
+    recorded = parse_rfc3339(run.last_recovery.resume_time if run.last_recovery is not None else None)
     if recorded is not None and newest.fault_time <= recorded:
         return
     seconds = newest.recovery_seconds
     if seconds is None:
         seconds = max(0.0, (newest.time - newest.fault_time).total_seconds())
-    run.last_recovery = {
-        "reason": cond.REASON_IN_JOB_RESTART,
-        "faultTime": format_rfc3339(newest.fault_time),
-        "resumeTime": format_rfc3339(newest.time),
-        "durationSeconds": round(seconds, 1),
-        "step": newest.step,
-    }
+    run.last_recovery = RecoveryStatus(
+        reason=cond.REASON_IN_JOB_RESTART,
+        fault_time=format_rfc3339(newest.fault_time),
+        resume_time=format_rfc3339(newest.time),
+        duration_seconds=round(seconds, 1),
+        step=newest.step,
+    )
 
 
 def _resumed(recovery: RecoveryReport) -> datetime:

@@ -103,8 +103,9 @@ async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str
         return decided
     plan, view, body = decided
     log_decision(body, plan)
+    status = plan.status.to_status()
     if plan.status_changed:
-        written = await _write_status(ctx, body, plan.status, runner)
+        written = await _write_status(ctx, body, status, runner)
         if written is None:
             return "conflict"
         body = written
@@ -127,12 +128,12 @@ async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str
     metrics.observe_pass(
         key[0],
         key[1],
-        state=plan.status.get("state"),
+        state=status.get("state"),
         counters=plan.counters,
         old_restarts=view.status.get("restarts") or {},
-        new_restarts=plan.status.get("restarts") or {},
-        goodput_percent=(plan.status.get("progress") or {}).get("goodputPercent"),
-        status=plan.status,
+        new_restarts=status.get("restarts") or {},
+        goodput_percent=(status.get("progress") or {}).get("goodputPercent"),
+        status=status,
         failures_allowed=view.policy.max_node_replacements,
     )
     if plan.requeue_after is not None:
