@@ -4,6 +4,7 @@ Fault tests use the embedded local cluster's fault injection."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 from operator_cluster import (
     apply,
@@ -32,7 +34,8 @@ from rtj_localcluster.testing import create_namespace, kubectl, wait_for
 from rtj_operator import constants, events
 from rtj_operator.decide import conditions as cond
 from rtj_operator.main import EmbeddedOperator
-from rtj_operator.runtime import kube
+from rtj_operator.runtime import job_pass, kube
+from rtj_operator.runtime.queue import JobRunner
 
 pytestmark = pytest.mark.slow
 CPU_CLUSTER = pytest.mark.local_cluster(nodes=4, profile="cpu", node_monitor_grace_seconds=3.0)
@@ -522,6 +525,59 @@ def test_a_status_written_by_someone_else_is_corrected_on_the_next_event(
             assert (_condition(status, cond.COND_SUCCEEDED) or {}).get("status") != "True"
             assert events.STATUS_OVERWRITTEN in event_reasons(kubeconfig, namespace, "forged")
             assert len(running_pods_on(kubeconfig, namespace, "forged")) == 1  # nothing was torn down
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+RUNNING_STATUS = {
+    "state": "Running",
+    "restarts": {"inProcess": 0, "inJob": 0, "podReplacement": 0, "total": 0},
+}
+COUNTED_STATUS = {
+    "state": "Recovering",
+    "restarts": {"inProcess": 0, "inJob": 0, "podReplacement": 1, "total": 1},
+}
+
+
+def test_a_status_write_whose_answer_was_lost_is_still_the_operators_own(
+    kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A status write lands but its answer is lost (a read timeout), and sent again it meets a conflict:
+    the stored status is still the operator's own. Taken for someone else's, it would be replaced by the
+    one before the write, and the fault the write counted counted again. A status someone else wrote
+    is still told apart."""
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+    try:
+        apply(kubeconfig, job_manifest("lost", namespace, nodes=1), tmp_path)
+        client = kube.Kube.from_kubeconfig(str(kubeconfig))
+        ctx, runner = job_pass.new_context(client), JobRunner()
+
+        def write(status: dict[str, Any]) -> dict[str, Any] | None:
+            body = client.get_job(namespace, "lost")
+            assert body is not None
+            return asyncio.run(job_pass.write_status(ctx, body, status, runner))
+
+        assert write(RUNNING_STATUS) is not None
+        send, lost = kube.Kube._send, list[str]()
+
+        def answer_lost(self: kube.Kube, method: str, path: str, **options: Any) -> dict[str, Any]:
+            answer = send(self, method, path, **options)
+            if method == "PATCH" and not lost:
+                lost.append(path)
+                raise urllib3.exceptions.ReadTimeoutError(None, path, "read timed out")  # type: ignore[arg-type]
+            return answer
+
+        monkeypatch.setattr(kube.Kube, "_send", answer_lost)
+        assert write(COUNTED_STATUS) is None and lost  # sent again: a conflict
+        stored = client.get_job(namespace, "lost")
+        assert stored is not None and stored["status"]["restarts"]["podReplacement"] == 1
+        assert not job_pass.overwritten(runner, stored)
+        assert runner.last_status == stored["status"]
+        forged = {"status": {"state": "Succeeded"}}
+        kubectl(kubeconfig, "-n", namespace, "patch", "rtj", "lost", "--subresource=status", "--type=merge",
+                "-p", json.dumps(forged))  # fmt: skip
+        assert job_pass.overwritten(runner, client.get_job(namespace, "lost") or {})
     finally:
         kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
 

@@ -105,7 +105,7 @@ async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str
     log_decision(body, plan)
     status = plan.status.to_status()
     if plan.status_changed:
-        written = await _write_status(ctx, body, status, runner)
+        written = await write_status(ctx, body, status, runner)
         if written is None:
             return "conflict"
         body = written
@@ -202,7 +202,7 @@ async def _refused(
     status, changed, emitted = decide.record_refusal(
         dict(body.get("status") or {}), generation, refusal, runner.refused_at
     )
-    if changed and await _write_status(ctx, body, status, runner) is None:
+    if changed and await write_status(ctx, body, status, runner) is None:
         return "conflict"
     for event in emitted:
         post_event(body, event)
@@ -278,11 +278,21 @@ async def _decide_fresh(
 
 
 def overwritten(runner: JobRunner, body: Mapping[str, Any]) -> bool:
-    """Whether the job's status differs from what this operator last wrote (None: nothing written yet)."""
+    """Whether the job's status differs from what this operator last wrote (None: nothing written yet).
+
+    A status that is what the newest write, whose answer was lost, would have stored is this
+    operator's own: it becomes the one last written. (Taken for someone else's, it would be replaced
+    by the status before that write, and the faults the write counted counted again.)"""
     if runner.last_status is None:
         return False
-    theirs = decide.comparable(dict(body.get("status") or {}))
-    return theirs != decide.comparable(runner.last_status)
+    stored = dict(body.get("status") or {})
+    theirs = decide.comparable(stored)
+    if theirs == decide.comparable(runner.last_status):
+        return False
+    if runner.sent_status is not None and theirs == decide.comparable(runner.sent_status):
+        runner.last_status, runner.sent_status = copy.deepcopy(stored), None
+        return False
+    return True
 
 
 def _restore_own_status(fresh: dict[str, Any], runner: JobRunner) -> None:
@@ -323,7 +333,7 @@ async def _nodes_confirmed(
     return nodes
 
 
-async def _write_status(
+async def write_status(
     ctx: OperatorContext, body: Mapping[str, Any], status: dict[str, Any], runner: JobRunner | None
 ) -> dict[str, Any] | None:
     """Write status with the resourceVersion read; the job as written, or None (and a new pass soon)
@@ -331,6 +341,8 @@ async def _write_status(
     metadata = body.get("metadata", {})
     namespace, name = metadata["namespace"], metadata["name"]
     ensure_acting(ctx)
+    if runner is not None:
+        runner.sent_status = kube.merged(dict(body.get("status") or {}), status)
     try:
         written = await asyncio.to_thread(
             ctx.kube.patch_status, namespace, name, status, metadata.get("resourceVersion")
@@ -341,7 +353,7 @@ async def _write_status(
         await ctx.queue.trigger((namespace, name), delay=DEBOUNCE_SECONDS)
         return None
     if runner is not None:
-        runner.last_status = copy.deepcopy(dict(written.get("status") or {}))
+        runner.last_status, runner.sent_status = copy.deepcopy(dict(written.get("status") or {})), None
     return written
 
 
@@ -359,7 +371,7 @@ async def _invalid(ctx: OperatorContext, body: Mapping[str, Any]) -> str:
         dict(body.get("status") or {}), generation if isinstance(generation, int) else 0, message, _now()
     )
     runner = ctx.queue.runners.get((str(metadata["namespace"]), str(metadata["name"])))
-    if changed and await _write_status(ctx, body, status, runner) is None:
+    if changed and await write_status(ctx, body, status, runner) is None:
         return "conflict"
     for event in emitted:
         post_event(body, event)

@@ -170,6 +170,20 @@ RESOURCES: Final[dict[str, Resource]] = {
 }
 
 
+def merged(target: object, patch: object) -> Any:
+    """What a JSON merge patch (RFC 7386) makes of `target`: objects merge key by key, a null removes
+    the key, anything else (a list included) replaces."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merged(result.get(key), value)
+    return result
+
+
 class ConflictError(Exception):
     """The object changed since it was read (HTTP 409 on an update with a resourceVersion)."""
 

@@ -49,6 +49,10 @@ class JobRunner:
     # The status as the API server stored it on this operator's last write: a different status read
     # later was written by someone else (see job_pass.own_status).
     last_status: dict[str, Any] | None = None
+    # What the API server stores if this operator's newest status write landed, until its answer
+    # comes: a write whose answer was lost (a timeout, a reset; sent again, it meets a conflict) is
+    # still known as this operator's own (see job_pass.overwritten).
+    sent_status: dict[str, Any] | None = None
     # The job's children other than pods known to exist (created, or found existing, by this
     # operator): (kind, namespace, name, owner uid) -> when (monotonic). See job_pass.known_child.
     known_children: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
