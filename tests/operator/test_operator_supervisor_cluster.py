@@ -12,6 +12,7 @@ serves the store's two ports and nothing else.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import stat
 import sys
@@ -36,6 +37,7 @@ from rtj_localcluster.ports import reserve_port_pair
 from rtj_localcluster.testing import kubectl, wait_for
 from rtj_operator import constants, events, names
 from rtj_operator.main import EmbeddedOperator
+from rtj_operator.runtime import job_pass
 
 pytestmark = pytest.mark.slow
 
@@ -89,10 +91,11 @@ def store_program(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @pytest.mark.local_cluster(nodes=4, profile="cpu", node_monitor_grace_seconds=3.0)
 def test_a_supervisor_job_keeps_its_store_apart_and_loses_worker_zeros_node_without_a_gang_restart(
-    local_cluster: LocalCluster, tmp_path: Path, store_program: Path
+    local_cluster: LocalCluster, tmp_path: Path, store_program: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     kc = local_cluster.kubeconfig_path
     install_crd(kc)
+    caplog.set_level(logging.INFO, logger=job_pass.logger.name)  # the operator's decisions, if it fails
     store = names.store_pod_name(JOB)
     with EmbeddedOperator(str(kc), namespaces=["default"]):
         job = job_manifest(
@@ -142,7 +145,8 @@ def test_a_supervisor_job_keeps_its_store_apart_and_loses_worker_zeros_node_with
         }
         for name in (store, f"{JOB}-worker-1"):
             assert after[name]["metadata"]["uid"] == before[name], name
-        assert status["restarts"]["podReplacement"] == 1, event_lines(kc, "default", JOB)
+        decisions = "\n".join(r.getMessage() for r in caplog.records if r.name == job_pass.logger.name)
+        assert status["restarts"]["podReplacement"] == 1, event_lines(kc, "default", JOB) + "\n" + decisions
         assert [f["nodeName"] for f in status["nodeFaults"]] == [lost]
         reasons = event_reasons(kc, "default", JOB)
         assert events.NODE_LOST in reasons and events.WORKER_REPLACED in reasons
