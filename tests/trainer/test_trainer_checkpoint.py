@@ -27,7 +27,7 @@ def test_async_save_holds_the_state_at_the_save_call(tmp_path: Path) -> None:
             for t in state.values():
                 t.mul_(-1.5).add_(float(step))
             manager.poll()
-            if manager._pending is not None:
+            if manager._writes.in_flight is not None:
                 concurrent_trials += 1  # the writer had not finished when the state changed
             assert manager.wait(timeout=300)
             assert manager.poll() == [] or manager.last_committed is not None
@@ -66,8 +66,8 @@ def test_a_dead_writer_is_noticed_and_replaced(tmp_path: Path) -> None:
     manager = checkpoint.CheckpointManager(tmp_path, rank=0, world_size=1, asynchronous=True, keep=10)
     try:
         manager.start_writer()
-        assert manager._writer is not None
-        pid = manager._writer.writer_pid()
+        assert manager._writes.writer is not None
+        pid = manager._writes.writer.writer_pid()
         assert pid is not None
         manager.save(1, {"w": torch.randn(1 << 16)}, {})
         assert manager.wait(timeout=300) and manager.wait_committed(1, timeout=60)
@@ -82,7 +82,7 @@ def test_a_dead_writer_is_noticed_and_replaced(tmp_path: Path) -> None:
         # The next save gets a new writer and commits.
         manager.save(3, {"w": torch.ones(4)}, {})
         assert manager.wait(timeout=300) and manager.wait_committed(3, timeout=60)
-        assert manager._writer is not None and manager._writer.writer_pid() not in (None, pid)
+        assert manager._writes.writer is not None and manager._writes.writer.writer_pid() not in (None, pid)
         _, payload = manager.load(3)
         assert torch.equal(payload["tensors"]["w"], torch.ones(4))
     finally:

@@ -36,7 +36,7 @@ def test_wait_staged_holds_the_update_until_the_copy_is_complete(tmp_path: Path)
             snapshot = {name: t.clone() for name, t in state.items()}
             manager.save(step, state, {"step": step})
             manager.wait_staged()
-            staged = manager._staged
+            staged = manager._staging.staged
             assert staged is not None and staged.copy.done()
             # The optimizer step: every saved value changes in place while the writer may still run.
             for t in state.values():
@@ -64,8 +64,8 @@ def test_a_save_while_the_writer_is_busy_is_queued_and_every_save_lands(tmp_path
             manager.wait_staged()
             if step == 2:
                 # The writer process is still starting (seconds) and holds step 1: step 2 is queued.
-                assert manager._pending is not None and manager._pending.step == 1
-                assert manager._write_queued()
+                assert manager._writes.in_flight is not None and manager._writes.in_flight.step == 1
+                assert manager._staging.write_queued()
             for t in state.values():
                 t.add_(1.0)
         # The end of training: wait for everything, then for the commit of the last step.
