@@ -21,7 +21,6 @@ PACKAGES = (
 )
 STILL_OVER = frozenset(
     {
-        "rtj_trainer.library.session.Session",
         "rtj_trainer.reference.train.Trainer",
     }
 )

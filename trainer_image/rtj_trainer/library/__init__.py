@@ -1,7 +1,8 @@
 """The library: what ``import rtj_trainer`` gives a training script, and the parts every other part shares.
 
 ``session`` is the public ``Session`` behind the facade (``rtj_trainer/__init__.py`` re-exports it;
-docs/library.md is its reference). The other modules are what a session is built from and what the
+docs/library.md is its reference), with its parts ``session_progress``, ``session_checkpoints``,
+``state_tree`` and ``collectives``. The other modules are what a session is built from and what the
 pod runtime, the reference trainer and the rehearsal tools share with it: the operator's environment
 contract (``env``), progress reports (``progress``), sharded async checkpoints (``checkpoint``, made
 of ``checkpoint_files``, ``checkpoint_staging``, ``checkpoint_writes``, ``checkpoint_commits`` and
