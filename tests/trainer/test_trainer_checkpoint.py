@@ -123,15 +123,14 @@ def test_a_shard_is_verified_against_the_size_and_crc_its_rank_recorded(tmp_path
 
 def test_rtj_trains_restore_sets_a_corrupt_checkpoint_aside_and_falls_back(tmp_path: Path) -> None:
     import torch.distributed as dist
-    from rtj_trainer.reference.train import Trainer
+    from rtj_trainer.reference.resume import Place, newest_verified_checkpoint
 
     manager = _two_saves(tmp_path)
     flip_a_bit(checkpoint.shard_path(tmp_path, 4, 0))
-    trainer = Trainer.__new__(Trainer)  # only what the restore's agreement uses
-    trainer.ckpt, trainer.rank, trainer.device = manager, 0, torch.device("cpu")
+    place = Place(rank=0, world_size=1, device=torch.device("cpu"))  # what the restore's agreement uses
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        assert trainer._newest_verified_checkpoint() == 2
+        assert newest_verified_checkpoint(manager, place) == 2
     finally:
         dist.destroy_process_group()
     assert [p.name.rsplit("-", 1)[0] for p in tmp_path.glob("corrupt-*")] == ["corrupt-step-000000004"]
