@@ -6,6 +6,7 @@ import pytest
 from operator_world import SPARE, T0, WORKER, World, job_body, running_world
 from rtj_contract.times import format_rfc3339
 from rtj_operator import constants, decide, events
+from rtj_operator.api import Condition
 from rtj_operator.decide import conditions as cond
 
 
@@ -113,10 +114,11 @@ def test_invalid_spec_sets_a_naming_condition_once() -> None:
 
 
 def test_condition_transition_time_moves_only_on_flips() -> None:
-    conditions: list[dict[str, object]] = []
+    conditions: list[Condition] = []
     decide.set_condition(conditions, "Ready", status=False, reason="A", message="a", now=T0, generation=1)
     later = T0.replace(hour=13)
     decide.set_condition(conditions, "Ready", status=False, reason="B", message="b", now=later, generation=2)
-    assert conditions[0]["lastTransitionTime"] == format_rfc3339(T0) and conditions[0]["reason"] == "B"
+    written = conditions[0].to_status()
+    assert written["lastTransitionTime"] == format_rfc3339(T0) and written["reason"] == "B"
     decide.set_condition(conditions, "Ready", status=True, reason="C", message="c", now=later, generation=2)
-    assert conditions[0]["lastTransitionTime"] == format_rfc3339(later)
+    assert conditions[0].to_status()["lastTransitionTime"] == format_rfc3339(later)

@@ -17,7 +17,7 @@ import pytest
 from operator_world import T0, WORKER, World, running_world
 from rtj_contract.times import format_rfc3339, parse_rfc3339
 from rtj_operator import events
-from rtj_operator.api import ConditionStatus
+from rtj_operator.api import Condition, ConditionStatus
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.conditions import set_condition, state_from_conditions
 from rtj_operator.decide.startup import STARTUP_FAILURES_TO_FAIL
@@ -253,7 +253,7 @@ def test_a_job_failed_by_an_earlier_operator_is_made_not_ready() -> None:
 
 def test_blocked_reads_after_the_ends_and_before_training() -> None:
     def state(**true: bool) -> str:
-        return state_from_conditions([{"type": t, "status": "True"} for t in true])
+        return state_from_conditions([Condition(type=t, status=ConditionStatus.TRUE) for t in true])
 
     assert state(Blocked=True, Ready=True, Stalled=True, Recovering=True) == "Blocked"
     assert state(Blocked=True, Failed=True) == "Failed"
@@ -262,13 +262,13 @@ def test_blocked_reads_after_the_ends_and_before_training() -> None:
 
 
 def test_a_condition_can_be_unknown_and_flips_like_any_other() -> None:
-    conditions: list[dict[str, Any]] = []
+    conditions: list[Condition] = []
     later = T0 + timedelta(seconds=9)
     common: dict[str, Any] = {"reason": "R", "message": "m", "generation": 1}
     assert set_condition(conditions, "Stalled", status=False, now=T0, **common)
     assert set_condition(conditions, "Stalled", status=ConditionStatus.UNKNOWN, now=later, **common)
-    assert conditions[0]["status"] == "Unknown"
-    assert conditions[0]["lastTransitionTime"] == format_rfc3339(later)
+    assert conditions[0].to_status()["status"] == "Unknown"
+    assert conditions[0].to_status()["lastTransitionTime"] == format_rfc3339(later)
     assert not set_condition(conditions, "Stalled", status=ConditionStatus.UNKNOWN, now=T0, **common)
 
 

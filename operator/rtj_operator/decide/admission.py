@@ -22,6 +22,7 @@ from typing import Any
 from rtj_contract.times import parse_rfc3339
 
 from rtj_operator import events
+from rtj_operator.api import Condition, ConditionStatus
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import CreateObject, Event
 from rtj_operator.decide.state import WORKER, PassState
@@ -61,31 +62,29 @@ def truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _blocked(conditions: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return next(
-        (
-            c
-            for c in conditions
-            if c.get("type") == cond.COND_BLOCKED
-            and c.get("status") == "True"
-            and c.get("reason") in cond.REFUSAL_REASONS
-        ),
-        None,
-    )
+def _blocked(conditions: list[Condition]) -> Condition | None:
+    blocked = cond.find(conditions, cond.COND_BLOCKED)
+    if (
+        blocked is None
+        or blocked.status != ConditionStatus.TRUE
+        or blocked.reason not in cond.REFUSAL_REASONS
+    ):
+        return None
+    return blocked
 
 
 def record_refusal(
     status: Mapping[str, Any], generation: int, refusal: Refusal, now: datetime
 ) -> tuple[dict[str, Any], bool, tuple[Event, ...]]:
     """The job's status with Blocked=True for `refusal`; returns (status, changed, events)."""
-    conditions = [dict(c) for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    conditions = cond.read(status)
     reason, message = refusal.condition_reason, refusal.describe()
     before = _blocked(conditions)
     repeated = (
         before is not None
-        and before.get("reason") == reason
-        and before.get("message") == message
-        and before.get("observedGeneration") == generation
+        and before.reason == reason
+        and before.message == message
+        and before.observed_generation == generation
     )
     cond.set_condition(
         conditions,
@@ -96,9 +95,7 @@ def record_refusal(
         now=now,
         generation=generation,
     )
-    new = dict(status)
-    new["conditions"] = cond.sorted_conditions(conditions)
-    new["state"] = cond.state_from_conditions(conditions)
+    new = cond.rewritten(status, conditions)
     emitted = () if repeated else (Event(events.WARNING, reason, message),)
     return new, new != dict(status), emitted
 
@@ -106,9 +103,9 @@ def record_refusal(
 def held_until(run: PassState) -> datetime | None:
     """Until when this pass's creates are held back after a refusal, or None when they are not."""
     blocked = _blocked(run.conditions)
-    if blocked is None or blocked.get("observedGeneration") != run.job.generation:
+    if blocked is None or blocked.observed_generation != run.job.generation:
         return None  # never refused, or the spec changed since: try
-    since = run.observed.refused_at or parse_rfc3339(blocked.get("lastTransitionTime")) or run.now
+    since = run.observed.refused_at or parse_rfc3339(blocked.last_transition_time) or run.now
     until = since + timedelta(seconds=REFUSAL_RECHECK_SECONDS)
     return until if until > run.now else None
 

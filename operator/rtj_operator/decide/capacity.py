@@ -24,6 +24,7 @@ from typing import Any
 from rtj_contract.quantity import parse_quantity
 
 from rtj_operator import constants, events, render
+from rtj_operator.api import ConditionStatus
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import CreateObject
 from rtj_operator.decide.state import PassState
@@ -179,16 +180,16 @@ def hold_pods(run: PassState) -> None:
     run.actions = [a for a in run.actions if not (isinstance(a, CreateObject) and a.kind == "Pod")]
     run.created_pods = False
     message = found.message(run.job.nodes)
-    said = next((c.get("message") for c in run.conditions if c.get("type") == cond.COND_BLOCKED), None)
+    said = blocked_now.message if (blocked_now := cond.find(run.conditions, cond.COND_BLOCKED)) else None
     flipped = run.condition(cond.COND_BLOCKED, True, events.INSUFFICIENT_NODES, message)
     if flipped or said != message:
         run.event(events.WARNING, events.INSUFFICIENT_NODES, message)
 
 
 def _capacity_blocked(run: PassState) -> bool:
-    return any(
-        c.get("type") == cond.COND_BLOCKED
-        and c.get("status") == "True"
-        and c.get("reason") == events.INSUFFICIENT_NODES
-        for c in run.conditions
+    blocked = cond.find(run.conditions, cond.COND_BLOCKED)
+    return (
+        blocked is not None
+        and blocked.status == ConditionStatus.TRUE
+        and blocked.reason == events.INSUFFICIENT_NODES
     )

@@ -15,7 +15,7 @@ from typing import Any, Final
 from rtj_contract.times import format_rfc3339, parse_rfc3339
 
 from rtj_operator import events
-from rtj_operator.api import ConditionStatus, JobState
+from rtj_operator.api import Condition, ConditionStatus, JobState, ResilientTrainingJobStatus
 
 # Condition types (status.conditions[].type).
 COND_READY: Final = "Ready"
@@ -74,7 +74,7 @@ REASON_NO_LIBRARY_SETTINGS: Final = "NoLibrarySettings"  # SettingsIgnored=False
 
 
 def set_condition(  # noqa: PLR0913 - keyword-only, each a named field; callers pass them by name
-    conditions: list[dict[str, Any]],
+    conditions: list[Condition],
     type_: str,
     *,
     status: bool | ConditionStatus,
@@ -86,45 +86,57 @@ def set_condition(  # noqa: PLR0913 - keyword-only, each a named field; callers 
     """Set a condition in place; lastTransitionTime moves only when `status` flips. Returns flipped.
 
     `status` is True or False, or a `ConditionStatus` (Unknown: the operator cannot tell)."""
-    value = status.value if isinstance(status, ConditionStatus) else ("True" if status else "False")
-    for condition in conditions:
-        if condition.get("type") == type_:
-            flipped = condition.get("status") != value
-            condition.update(status=value, reason=reason, message=message, observedGeneration=generation)
-            if flipped or not condition.get("lastTransitionTime"):
-                condition["lastTransitionTime"] = format_rfc3339(now)
-            return flipped
-    conditions.append(
-        {
-            "type": type_,
-            "status": value,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": format_rfc3339(now),
-            "observedGeneration": generation,
-        }
+    value = (
+        status
+        if isinstance(status, ConditionStatus)
+        else ConditionStatus.TRUE
+        if status
+        else ConditionStatus.FALSE
     )
-    return True
+    condition = find(conditions, type_)
+    if condition is None:
+        conditions.append(
+            Condition(
+                type=type_,
+                status=value,
+                reason=reason,
+                message=message,
+                last_transition_time=format_rfc3339(now),
+                observed_generation=generation,
+            )
+        )
+        return True
+    flipped = condition.status != value
+    condition.status, condition.reason, condition.message = value, reason, message
+    condition.observed_generation = generation
+    if flipped or not condition.last_transition_time:
+        condition.last_transition_time = format_rfc3339(now)
+    return flipped
 
 
-def condition_true(conditions: Sequence[Mapping[str, Any]], type_: str) -> bool:
-    return any(c.get("type") == type_ and c.get("status") == "True" for c in conditions)
+def find(conditions: Sequence[Condition], type_: str) -> Condition | None:
+    """The condition of `type_`, if there is one."""
+    return next((c for c in conditions if c.type == type_), None)
 
 
-def condition_set(conditions: Sequence[Mapping[str, Any]], type_: str) -> bool:
+def condition_true(conditions: Sequence[Condition], type_: str) -> bool:
+    return any(c.type == type_ and c.status == ConditionStatus.TRUE for c in conditions)
+
+
+def condition_set(conditions: Sequence[Condition], type_: str) -> bool:
     """Whether a condition of `type_` exists at all (true or not)."""
-    return any(c.get("type") == type_ for c in conditions)
+    return find(conditions, type_) is not None
 
 
-def ready_since(conditions: Sequence[Mapping[str, Any]], now: datetime) -> datetime | None:
+def ready_since(conditions: Sequence[Condition], now: datetime) -> datetime | None:
     """When every worker last became ready (Ready's transition), if they all are now."""
-    ready = next((c for c in conditions if c.get("type") == COND_READY), None)
-    if ready is None or ready.get("status") != "True":
+    ready = find(conditions, COND_READY)
+    if ready is None or ready.status != ConditionStatus.TRUE:
         return None
-    return parse_rfc3339(ready.get("lastTransitionTime")) or now
+    return parse_rfc3339(ready.last_transition_time) or now
 
 
-def finished(conditions: Sequence[Mapping[str, Any]]) -> bool:
+def finished(conditions: Sequence[Condition]) -> bool:
     """Succeeded or Failed: the job is done and only its cleanup (and TTL) remain."""
     return condition_true(conditions, COND_SUCCEEDED) or condition_true(conditions, COND_FAILED)
 
@@ -143,7 +155,7 @@ _STATE_BY_CONDITION = (
 )
 
 
-def state_from_conditions(conditions: Sequence[Mapping[str, Any]]) -> JobState:
+def state_from_conditions(conditions: Sequence[Condition]) -> JobState:
     """status.state, for kubectl: the most significant true condition."""
     for type_, state in _STATE_BY_CONDITION:
         if condition_true(conditions, type_):
@@ -151,7 +163,20 @@ def state_from_conditions(conditions: Sequence[Mapping[str, Any]]) -> JobState:
     return JobState.PENDING
 
 
-def sorted_conditions(conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def sorted_conditions(conditions: Sequence[Condition]) -> list[Condition]:
     """Conditions in the order of `CONDITION_TYPES` (unknown types last)."""
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}
-    return sorted(conditions, key=lambda c: order.get(str(c.get("type")), len(order)))
+    return sorted(conditions, key=lambda c: order.get(c.type, len(order)))
+
+
+def rewritten(status: Mapping[str, Any], conditions: Sequence[Condition]) -> dict[str, Any]:
+    """A stored `status` with these conditions (in their order) and the state they give, as written."""
+    new = dict(status)
+    new["conditions"] = [c.to_status() for c in sorted_conditions(conditions)]
+    new["state"] = state_from_conditions(conditions).value
+    return new
+
+
+def read(status: Mapping[str, Any]) -> list[Condition]:
+    """A stored status's conditions, as their model reads them."""
+    return ResilientTrainingJobStatus.read({"conditions": status.get("conditions") or []}).conditions

@@ -46,6 +46,7 @@ from rtj_contract.times import format_rfc3339, parse_rfc3339
 
 from rtj_operator import constants, disruptions, events
 from rtj_operator.api import (
+    ConditionStatus,
     EntryState,
     ExcludedNode,
     ExitCodeOperator,
@@ -401,9 +402,11 @@ def _count(run: PassState, charged: list[Verdict]) -> None:
 def _grow_backoff_series(run: PassState) -> None:
     """A fault after the job was Ready for backoffResetSeconds starts a new series."""
     reset = timedelta(seconds=run.job.model.spec.failure_policy.backoff_reset_seconds)
-    ready = next((c for c in run.conditions if c.get("type") == cond.COND_READY), None)
+    ready = cond.find(run.conditions, cond.COND_READY)
     since = (
-        parse_rfc3339(ready.get("lastTransitionTime")) if ready and ready.get("status") == "True" else None
+        parse_rfc3339(ready.last_transition_time)
+        if ready is not None and ready.status == ConditionStatus.TRUE
+        else None
     )
     if since is not None and run.now - since >= reset:
         run.budget.consecutive_faults = 0

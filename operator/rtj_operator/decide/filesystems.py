@@ -12,6 +12,7 @@ run are left alone; only creates are held. Pure.
 from __future__ import annotations
 
 from rtj_operator import events
+from rtj_operator.api import ConditionStatus
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import CreateObject
 from rtj_operator.decide.state import PassState
@@ -27,16 +28,14 @@ def refusal(run: PassState) -> str | None:
 
 def _blocked_by_policy(run: PassState) -> str | None:
     """The message of a standing FileSystemNotAllowed condition, or None."""
-    return next(
-        (
-            str(c.get("message"))
-            for c in run.conditions
-            if c.get("type") == cond.COND_BLOCKED
-            and c.get("status") == "True"
-            and c.get("reason") == events.FILE_SYSTEM_NOT_ALLOWED
-        ),
-        None,
-    )
+    blocked = cond.find(run.conditions, cond.COND_BLOCKED)
+    if (
+        blocked is None
+        or blocked.status != ConditionStatus.TRUE
+        or blocked.reason != events.FILE_SYSTEM_NOT_ALLOWED
+    ):
+        return None
+    return str(blocked.message)
 
 
 def hold_disallowed(run: PassState) -> None:

@@ -163,10 +163,9 @@ def _not_ready_after_failure(run: PassState) -> None:
     """A failed job is not Ready (`failures` says so when it fails; a job failed by an operator that did
     not may still say Ready=True)."""
     if cond.condition_true(run.conditions, cond.COND_READY):
-        failed = next(c for c in run.conditions if c.get("type") == cond.COND_FAILED)
-        run.condition(
-            cond.COND_READY, False, str(failed.get("reason") or cond.REASON_FINISHED), "the job failed"
-        )
+        failed = cond.find(run.conditions, cond.COND_FAILED)
+        reason = failed.reason if failed is not None and failed.reason else cond.REASON_FINISHED
+        run.condition(cond.COND_READY, False, reason, "the job failed")
 
 
 def _expire(run: PassState) -> None:
@@ -190,13 +189,9 @@ def reconcile_invalid(
     Returns (status, changed, events). The Warning is emitted only when the condition first flips (or
     its message changes) so that an invalid object does not flood the Events.
     """
-    conditions = [dict(c) for c in status.get("conditions") or [] if isinstance(c, Mapping)]
-    before = next((c for c in conditions if c.get("type") == cond.COND_READY), None)
-    unchanged = (
-        before is not None
-        and before.get("reason") == events.INVALID_SPEC
-        and before.get("message") == message
-    )
+    conditions = cond.read(status)
+    before = cond.find(conditions, cond.COND_READY)
+    unchanged = before is not None and before.reason == events.INVALID_SPEC and before.message == message
     cond.set_condition(
         conditions,
         cond.COND_READY,
@@ -206,10 +201,8 @@ def reconcile_invalid(
         now=now,
         generation=generation,
     )
-    new = dict(status)
-    new["conditions"] = cond.sorted_conditions(conditions)
+    new = cond.rewritten(status, conditions)
     new["observedGeneration"] = generation
-    new["state"] = cond.state_from_conditions(conditions)
     emitted = () if unchanged else (Event(events.WARNING, events.INVALID_SPEC, message),)
     return new, comparable(new) != comparable(status), emitted
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from rtj_operator import events
+from rtj_operator.api import ConditionStatus
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import Event
 
@@ -42,16 +43,12 @@ def reached(status: Mapping[str, Any], nodes: int, hot_spares: int) -> list[Even
     due: list[Event] = []
     if status.get("startTime"):
         due.append(children_created(nodes, hot_spares))
-    conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    conditions = cond.read(status)
     for reason, recorded in MILESTONES.items():
         if recorded is None:
             continue
         kind, event_type = recorded
-        for condition in conditions:
-            if (
-                condition.get("type") == kind
-                and condition.get("status") == "True"
-                and condition.get("reason") == reason
-            ):
-                due.append(Event(event_type, reason, str(condition.get("message") or "")))
+        condition = cond.find(conditions, kind)
+        if condition is not None and condition.status == ConditionStatus.TRUE and condition.reason == reason:
+            due.append(Event(event_type, reason, condition.message or ""))
     return due

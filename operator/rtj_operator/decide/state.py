@@ -14,7 +14,6 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from rtj_operator import constants, events
 from rtj_operator.api import (
@@ -46,10 +45,6 @@ STORE_KEY = (STORE, 0)
 EntryKey = tuple[str, int]  # (role, index)
 
 
-def _dicts(value: object) -> list[dict[str, Any]]:
-    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
-
-
 def _avoided_now(node: NodeState, health: NodeHealth) -> bool:
     """Whether new pods are kept off the node for now: a health signal or a planned disruption."""
     return node_health_problem(node, health) is not None or node_disruption(node, health) is not None
@@ -63,7 +58,7 @@ class PassState:
     observed: Observed
     now: datetime
     # The status, as typed records.
-    conditions: list[dict[str, Any]]
+    conditions: list[Condition]
     restarts: RestartsStatus
     budget: BudgetStatus
     excluded: list[ExcludedNode]
@@ -118,7 +113,7 @@ class PassState:
             job=job,
             observed=observed,
             now=now,
-            conditions=_dicts(old.get("conditions")),
+            conditions=status.conditions,
             restarts=restarts,
             # A status written before the failure policy had classes has no budget: every replacement
             # was charged then.
@@ -265,7 +260,7 @@ class PassState:
         return ResilientTrainingJobStatus(
             observed_generation=self.job.generation,
             state=cond.state_from_conditions(self.conditions),
-            conditions=[Condition.model_validate(c) for c in cond.sorted_conditions(self.conditions)],
+            conditions=cond.sorted_conditions(self.conditions),
             workers=WorkersStatus(
                 desired=self.job.nodes,
                 ready=ready,

@@ -41,12 +41,11 @@ Pure: the pass state in, conditions, Events and status out; time is the pass's `
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 from rtj_contract.times import format_rfc3339, parse_rfc3339
 
 from rtj_operator import events
-from rtj_operator.api.status import ConditionStatus, ProgressStatus, RecoveryStatus, RestartsSource
+from rtj_operator.api.status import Condition, ConditionStatus, ProgressStatus, RecoveryStatus, RestartsSource
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide import library, startup
 from rtj_operator.decide.state import WORKER, PassState
@@ -83,8 +82,9 @@ def recovery_resumed(
     return advance_report_time >= recovery_start
 
 
-def _condition(run: PassState, type_: str) -> dict[str, Any] | None:
-    return next((c for c in run.conditions if c.get("type") == type_), None)
+def _condition(run: PassState, type_: str) -> Condition:
+    """The condition of `type_`, or an empty one (no status, reason or time) while there is none."""
+    return cond.find(run.conditions, type_) or Condition(type=type_, status=ConditionStatus.UNKNOWN)
 
 
 def ready_since(run: PassState) -> datetime | None:
@@ -194,7 +194,7 @@ def watch_stall(run: PassState) -> None:
         run.event(events.NORMAL, events.TRAINING_RESUMED, message)
     elif stalled:  # stallAfterSeconds was raised past the time without a step
         _not_stalled(run, cond.REASON_NOT_STALLED, f"spec.progress.stallAfterSeconds is now {limit}")
-    elif (_condition(run, cond.COND_STALLED) or {}).get("reason") != events.TRAINING_RESUMED:
+    elif _condition(run, cond.COND_STALLED).reason != events.TRAINING_RESUMED:
         _not_stalled(run, cond.REASON_NOT_STALLED, "training has not stalled")
 
 
@@ -233,8 +233,8 @@ def _stall_message(run: PassState, last_advance: datetime | None, ready_since: d
 
 def recovery_ended(run: PassState) -> bool:
     """Whether the recovery in progress (Recovering=True, every worker ready) has ended this pass."""
-    recovering = _condition(run, cond.COND_RECOVERING) or {}
-    started = parse_rfc3339(recovering.get("lastTransitionTime"))
+    recovering = _condition(run, cond.COND_RECOVERING)
+    started = parse_rfc3339(recovering.last_transition_time)
     reported = steps_reported(run)
     if not reported and ranks_reported(run):
         return ranks_back(run, started) is not None
@@ -248,8 +248,8 @@ def recovery_ended(run: PassState) -> bool:
 
 def end_recovery(run: PassState) -> None:
     """Recovering=False (JobRecovered, with an Event), and the recovery recorded in status.lastRecovery."""
-    recovering = dict(_condition(run, cond.COND_RECOVERING) or {})  # a copy: the condition changes below
-    started = parse_rfc3339(recovering.get("lastTransitionTime"))
+    recovering = _condition(run, cond.COND_RECOVERING).model_copy()  # the condition changes below
+    started = parse_rfc3339(recovering.last_transition_time)
     nodes = run.job.nodes
     step = _current_step(run)
     reported = steps_reported(run)
@@ -268,7 +268,7 @@ def end_recovery(run: PassState) -> None:
     if ranks_at is not None:
         startup.forget_start_failures(run)  # training got going (a step does so in `note_advance`)
     run.last_recovery = RecoveryStatus(
-        reason=recovering.get("reason") or None,
+        reason=recovering.reason or None,
         fault_time=format_rfc3339(started) if started is not None else None,
         resume_time=format_rfc3339(resumed),
         duration_seconds=seconds,
@@ -278,7 +278,7 @@ def end_recovery(run: PassState) -> None:
 
 def await_progress(run: PassState) -> None:
     """Every worker is ready but training has not advanced yet: Recovering stays, and says so."""
-    recovering = _condition(run, cond.COND_RECOVERING) or {}
+    recovering = _condition(run, cond.COND_RECOVERING)
     step = _current_step(run)
     waiting = (
         f"training to advance past step {step}"
@@ -288,8 +288,8 @@ def await_progress(run: PassState) -> None:
     if not steps_reported(run) and ranks_reported(run):
         waiting = "the ranks of every worker to start again"
     message = f"all {run.job.nodes} workers are ready; waiting for {waiting}"
-    if recovering.get("message") != message:
-        reason = str(recovering.get("reason") or cond.REASON_RECOVERING)
+    if recovering.message != message:
+        reason = recovering.reason or cond.REASON_RECOVERING
         run.condition(cond.COND_RECOVERING, True, reason, message)
 
 
