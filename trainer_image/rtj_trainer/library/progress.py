@@ -77,6 +77,21 @@ class RecoveryEvent:
     steps_lost: int
     resumed_from: str  # memory | checkpoint | scratch
 
+    @classmethod
+    def ended_now(
+        cls, kind: str, *, fault_time: float, fault_step: int, resumed_step: int, resumed_from: str
+    ) -> RecoveryEvent:
+        """The recovery that the step completed now ends: the steps done after `resumed_step` up to
+        `fault_step`, when the fault came, were lost."""
+        return cls(
+            kind=kind,
+            step=resumed_step,
+            fault_time=fault_time,
+            recovered_time=time.time(),
+            steps_lost=max(0, fault_step - resumed_step),
+            resumed_from=resumed_from,
+        )
+
     @property
     def recovery_seconds(self) -> float:
         return max(0.0, self.recovered_time - self.fault_time)

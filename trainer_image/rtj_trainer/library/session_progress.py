@@ -110,12 +110,11 @@ class SessionProgress:
             return False
         pending, self._pending = self._pending, None
         resumed_step, source = self.resumed or (max(step - 1, 0), "checkpoint" if step > 1 else "scratch")
-        event = progress_mod.RecoveryEvent(
-            kind="InJobRestart",
-            step=resumed_step,
+        event = progress_mod.RecoveryEvent.ended_now(
+            "InJobRestart",
             fault_time=pending.fault_time,
-            recovered_time=time.time(),
-            steps_lost=max(0, pending.fault_step - resumed_step),
+            fault_step=pending.fault_step,
+            resumed_step=resumed_step,
             resumed_from=source,
         )
         self.progress.add_event(event)

@@ -101,12 +101,11 @@ class NodeReport:
         if self.pending is None:
             return False
         pending, self.pending = self.pending, None
-        event = rtj_trainer.RecoveryEvent(
-            kind=pending.kind,
-            step=resumed_step,
+        event = rtj_trainer.RecoveryEvent.ended_now(
+            pending.kind,
             fault_time=pending.fault_time,
-            recovered_time=time.time(),
-            steps_lost=max(0, pending.fault_step - resumed_step),
+            fault_step=pending.fault_step,
+            resumed_step=resumed_step,
             resumed_from=source,
         )
         self.progress.add_event(event)
