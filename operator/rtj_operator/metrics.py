@@ -112,11 +112,13 @@ class JobSeries:
     @classmethod
     def from_status(
         cls,
-        raw: Mapping[str, object],
+        status: ResilientTrainingJobStatus | Mapping[str, object],
         goodput_percent: float | None,
         failures_allowed: int | None = None,
     ) -> JobSeries:
-        status = ResilientTrainingJobStatus.read(raw)
+        """From the status as decided (a pass's plan) or as stored (its JSON form, read by the models)."""
+        if not isinstance(status, ResilientTrainingJobStatus):
+            status = ResilientTrainingJobStatus.read(status)
         progress = status.progress or ProgressStatus()
         checkpoint = status.last_checkpoint or CheckpointStatus()
         restarts = status.restarts.model_dump(by_alias=True) if status.restarts is not None else {}
@@ -317,7 +319,7 @@ def observe_pass(  # noqa: PLR0913 - keyword-only, each a named field; callers p
     old_restarts: Mapping[str, object],
     new_restarts: Mapping[str, object],
     goodput_percent: float | None,
-    status: Mapping[str, object] | None = None,
+    status: ResilientTrainingJobStatus | Mapping[str, object] | None = None,
     failures_allowed: int | None = None,
 ) -> None:
     """Record one pass's effects: counters from the plan, restart deltas from status, gauges, and

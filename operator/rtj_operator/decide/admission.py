@@ -22,7 +22,7 @@ from typing import Any
 from rtj_contract.times import parse_rfc3339
 
 from rtj_operator import events
-from rtj_operator.api import Condition, ConditionStatus
+from rtj_operator.api import Condition
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import CreateObject, Event
 from rtj_operator.decide.state import WORKER, PassState
@@ -63,14 +63,7 @@ def truncate(text: str, limit: int) -> str:
 
 
 def _blocked(conditions: list[Condition]) -> Condition | None:
-    blocked = cond.find(conditions, cond.COND_BLOCKED)
-    if (
-        blocked is None
-        or blocked.status != ConditionStatus.TRUE
-        or blocked.reason not in cond.REFUSAL_REASONS
-    ):
-        return None
-    return blocked
+    return cond.true_with_reason(conditions, cond.COND_BLOCKED, cond.REFUSAL_REASONS)
 
 
 def record_refusal(

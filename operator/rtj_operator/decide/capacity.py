@@ -24,7 +24,6 @@ from typing import Any
 from rtj_contract.quantity import parse_quantity
 
 from rtj_operator import constants, events, render
-from rtj_operator.api import ConditionStatus
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import CreateObject
 from rtj_operator.decide.state import PassState
@@ -187,9 +186,4 @@ def hold_pods(run: PassState) -> None:
 
 
 def _capacity_blocked(run: PassState) -> bool:
-    blocked = cond.find(run.conditions, cond.COND_BLOCKED)
-    return (
-        blocked is not None
-        and blocked.status == ConditionStatus.TRUE
-        and blocked.reason == events.INSUFFICIENT_NODES
-    )
+    return cond.true_with_reason(run.conditions, cond.COND_BLOCKED, {events.INSUFFICIENT_NODES}) is not None

@@ -20,7 +20,6 @@ from typing import Any
 
 from rtj_operator.api import CheckpointAdviceStatus
 
-# The fields of status.checkpointAdvice.
 # status.checkpointAdvice's fields, by their JSON names: `advise` gives each (null when unknown).
 ADVICE_FIELDS = tuple(field.alias or name for name, field in CheckpointAdviceStatus.model_fields.items())
 # Without a fault there is no rate to advise from: said in the status instead of a number.

@@ -8,7 +8,7 @@ types, and the condition reasons that are not also Event reasons, are named here
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -117,6 +117,16 @@ def set_condition(  # noqa: PLR0913 - keyword-only, each a named field; callers 
 def find(conditions: Sequence[Condition], type_: str) -> Condition | None:
     """The condition of `type_`, if there is one."""
     return next((c for c in conditions if c.type == type_), None)
+
+
+def true_with_reason(
+    conditions: Sequence[Condition], type_: str, reasons: Collection[str]
+) -> Condition | None:
+    """The condition of `type_` if it is True for one of `reasons`."""
+    condition = find(conditions, type_)
+    if condition is None or condition.status != ConditionStatus.TRUE or condition.reason not in reasons:
+        return None
+    return condition
 
 
 def condition_true(conditions: Sequence[Condition], type_: str) -> bool:

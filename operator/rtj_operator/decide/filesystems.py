@@ -12,7 +12,6 @@ run are left alone; only creates are held. Pure.
 from __future__ import annotations
 
 from rtj_operator import events
-from rtj_operator.api import ConditionStatus
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import CreateObject
 from rtj_operator.decide.state import PassState
@@ -28,14 +27,8 @@ def refusal(run: PassState) -> str | None:
 
 def _blocked_by_policy(run: PassState) -> str | None:
     """The message of a standing FileSystemNotAllowed condition, or None."""
-    blocked = cond.find(run.conditions, cond.COND_BLOCKED)
-    if (
-        blocked is None
-        or blocked.status != ConditionStatus.TRUE
-        or blocked.reason != events.FILE_SYSTEM_NOT_ALLOWED
-    ):
-        return None
-    return str(blocked.message)
+    blocked = cond.true_with_reason(run.conditions, cond.COND_BLOCKED, {events.FILE_SYSTEM_NOT_ALLOWED})
+    return str(blocked.message) if blocked is not None else None
 
 
 def hold_disallowed(run: PassState) -> None:

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from rtj_operator import events
-from rtj_operator.api import ConditionStatus
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide.actions import Event
 
@@ -48,7 +47,7 @@ def reached(status: Mapping[str, Any], nodes: int, hot_spares: int) -> list[Even
         if recorded is None:
             continue
         kind, event_type = recorded
-        condition = cond.find(conditions, kind)
-        if condition is not None and condition.status == ConditionStatus.TRUE and condition.reason == reason:
+        condition = cond.true_with_reason(conditions, kind, {reason})
+        if condition is not None:
             due.append(Event(event_type, reason, condition.message or ""))
     return due

@@ -10,7 +10,6 @@ node, setting a condition.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -57,7 +56,7 @@ class PassState:
     job: JobView
     observed: Observed
     now: datetime
-    # The status, as typed records.
+    # The status, in its API models.
     conditions: list[Condition]
     restarts: RestartsStatus
     budget: BudgetStatus
@@ -89,8 +88,7 @@ class PassState:
 
     @classmethod
     def begin(cls, job: JobView, observed: Observed, now: datetime) -> PassState:
-        old = copy.deepcopy(dict(job.status))
-        status = ResilientTrainingJobStatus.read(old)
+        status = ResilientTrainingJobStatus.read(job.status)  # new objects: the view is left as it was
         entries = {
             (entry.role, entry.index): entry
             for entry in (status.workers.pods if status.workers is not None else [])

@@ -128,12 +128,12 @@ async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str
     metrics.observe_pass(
         key[0],
         key[1],
-        state=status.get("state"),
+        state=plan.status.state,
         counters=plan.counters,
         old_restarts=view.status.get("restarts") or {},
         new_restarts=status.get("restarts") or {},
-        goodput_percent=(status.get("progress") or {}).get("goodputPercent"),
-        status=status,
+        goodput_percent=plan.status.progress.goodput_percent if plan.status.progress is not None else None,
+        status=plan.status,
         failures_allowed=view.policy.max_node_replacements,
     )
     if plan.requeue_after is not None:

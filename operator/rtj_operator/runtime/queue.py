@@ -47,7 +47,7 @@ class JobRunner:
     # When the API server last refused one of the job's children (see decide.admission).
     refused_at: datetime | None = None
     # The status as the API server stored it on this operator's last write: a different status read
-    # later was written by someone else (see job_pass.own_status).
+    # later was written by someone else (see job_pass.overwritten).
     last_status: dict[str, Any] | None = None
     # What the API server stores if this operator's newest status write landed, until its answer
     # comes: a write whose answer was lost (a timeout, a reset; sent again, it meets a conflict) is
