@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from .client import ApiError, Informer, KubeClient, KubeConfig, path_for
 from .controlplane import ControlPlane, ControlPlaneSettings, stop_marked_processes
 from .dns import HostsFileWriter
 from .fleet import Fleet, NodeNaming
+from .hollow import HollowNodes, HollowSettings
 from .kubelet import MARK_POD, Kubelet, KubeletConfig, signal_marked
 from .loop_thread import LoopThread
 from .marks import signal_matching
@@ -105,6 +106,9 @@ class LocalClusterSettings:
     """How long ``start()`` waits for the control plane and every node to be Ready."""
     audit_log: bool = False
     """Run the API server with an audit log (``control_plane.audit_log_path``), for RBAC tests."""
+    hollow: HollowSettings = field(default_factory=HollowSettings)
+    """How the hollow nodes that ``LocalCluster.hollow`` adds behave (their Lease renewals must come
+    well within ``node_monitor_grace_seconds``)."""
 
 
 async def wait_default_service_account(client: KubeClient) -> None:
@@ -358,6 +362,62 @@ class LocalCluster:
             raise KeyError(f"no running pod {namespace}/{pod}")
         return signal_marked(worker.uid, container, signal.SIGKILL)
 
+    @property
+    def hollow(self) -> HollowControl:
+        """The cluster's hollow nodes (``rtj_localcluster.hollow``), mixed with its process nodes."""
+        return HollowControl(self._loop, self._nodes, self.settings)
+
     def node_ready_status(self, name: str) -> str | None:
         """The Ready condition's status as the cluster's informer sees it (None: no such node)."""
         return self._nodes.ready_status(name)
+
+
+class HollowControl:
+    """Hollow nodes added, lost and recovered from any thread; named ``hollow-<i>``, taking the
+    cluster's zones round-robin."""
+
+    def __init__(self, loop: LoopThread, fleet: Fleet, settings: LocalClusterSettings) -> None:
+        self._loop, self._fleet, self._settings = loop, fleet, settings
+
+    @property
+    def names(self) -> list[str]:
+        agent = self._fleet.hollow
+        return agent.names if agent is not None else []
+
+    def zone_of(self, name: str) -> str:
+        agent = self._fleet.hollow
+        if agent is None or name not in agent.leases.nodes:
+            raise KeyError(f"no hollow node {name!r}")
+        return agent.zone_of(name)
+
+    def add(
+        self,
+        count: int,
+        *,
+        profile: str = "p5.48xlarge",
+        zones: Sequence[str] | None = None,
+        gpu_taint: bool = False,
+        timeout: float = 900,
+    ) -> list[str]:
+        """Register `count` more hollow nodes and wait until every one is Ready; returns their names."""
+        if profile not in PROFILES:
+            raise ValueError(f"unknown node profile {profile!r}; known: {', '.join(PROFILES)}")
+        zone_names = tuple(zones or self._settings.zones)
+        first = len(self.names)
+        names = [f"hollow-{first + i}" for i in range(count)]
+        placed = [zone_names[(first + i) % len(zone_names)] for i in range(count)]
+        added = self._fleet.add_hollow(names, placed, PROFILES[profile], gpu_taint, self._settings.hollow)
+        return self._loop.call(added, timeout=timeout)
+
+    def lose(self, names: Sequence[str]) -> None:
+        """The machines are gone: their Leases go stale and their pods' stand-ins stop answering."""
+        self._loop.call(self._change(lambda agent: agent.lose(names)))
+
+    def recover(self, names: Sequence[str]) -> None:
+        """The machines are back: their Leases are renewed again."""
+        self._loop.call(self._change(lambda agent: agent.recover(names)))
+
+    async def _change(self, how: Callable[[HollowNodes], None]) -> None:
+        if self._fleet.hollow is None:
+            raise KeyError("the cluster has no hollow nodes")
+        how(self._fleet.hollow)

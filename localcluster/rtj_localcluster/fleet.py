@@ -14,8 +14,9 @@ from typing import Any
 
 from .client import ApiError, Informer, KubeClient, KubeConfig, path_for
 from .controlplane import ControlPlane
+from .hollow import HollowNodes, HollowSettings
 from .kubelet import Kubelet, KubeletConfig, PodWorker
-from .nodes import PROFILES, node_object
+from .nodes import PROFILES, NodeProfile, node_object
 from .podnet import IpAllocator
 
 TAINT_NOT_READY = "node.kubernetes.io/not-ready"
@@ -61,6 +62,7 @@ class Fleet:
         self._ips = ips
         self._kubelets: dict[str, Kubelet] = {}
         self._count = 0
+        self.hollow: HollowNodes | None = None
 
     @property
     def names(self) -> list[str]:
@@ -127,6 +129,24 @@ class Fleet:
         self._kubelets[name] = kubelet
         return name
 
+    async def add_hollow(
+        self,
+        names: list[str],
+        zones: list[str],
+        profile: NodeProfile,
+        gpu_taint: bool,
+        settings: HollowSettings,
+    ) -> list[str]:
+        """Register hollow nodes (``hollow``: one agent keeps them all) and wait until they are Ready."""
+        taken = set(self._kubelets) & set(names)
+        if taken:
+            raise ValueError(f"nodes {sorted(taken)} are process nodes")
+        if self.hollow is None:
+            self.hollow = HollowNodes(self._admin, self._pods, self._ips, settings)
+        await self.hollow.add(names, zones, profile, gpu_taint=gpu_taint)
+        await self.wait_ready(names)
+        return names
+
     async def wait_ready(self, names: list[str]) -> None:
         """Until every node is Ready and schedulable: a new Node carries the not-ready NoSchedule
         taint (TaintNodesByCondition admission) until the node lifecycle controller has seen it
@@ -161,7 +181,9 @@ class Fleet:
         await kubelet.close()
 
     async def close(self) -> None:
-        """Every kubelet's processes killed and reaped, its agent closed."""
+        """Every kubelet's processes killed and reaped, its agent closed; the hollow nodes' agent closed."""
+        if self.hollow is not None:
+            await self.hollow.close()
         for kubelet in self._kubelets.values():
             kubelet.kill()
         await asyncio.gather(*(kubelet.reap() for kubelet in self._kubelets.values()))

@@ -30,7 +30,8 @@ LAYERS: dict[str, tuple[frozenset[str], ...]] = {
         # DNS, volumes (the provisioner's and a pod's), exec/attach/port-forward streams, the
         # metrics API.
         frozenset({"controlplane", "dns", "metrics_api", "nodes", "pod_volumes", "streaming", "volumes"}),
-        frozenset({"kubelet"}),
+        # A node's agents: the process kubelet of one node, and the one agent of every hollow node.
+        frozenset({"hollow", "kubelet"}),
         frozenset({"fleet"}),
         frozenset({"cluster"}),
         # The entry points: `rtj-local` and the pytest fixtures.
