@@ -1,6 +1,7 @@
 """The projection's arithmetic on cases computed by hand, its monotonicity, and its refusals."""
 
 import math
+from pathlib import Path
 
 import pytest
 from rtj_demo.projection import (
@@ -223,3 +224,9 @@ def test_the_table_has_a_row_per_scenario_and_the_figures() -> None:
 
 def test_render_table_of_nothing_is_the_header() -> None:
     assert len(render_table([]).splitlines()) == 2
+
+
+def test_the_documented_table_is_the_one_the_placeholders_give() -> None:
+    # docs/benchmarks.md shows projection_table({}); a change to the inputs or the method changes both.
+    docs = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+    assert projection_table({}) in docs.read_text()
