@@ -11,7 +11,7 @@ Pure arithmetic, no I/O. It combines three kinds of figures, kept apart so each 
 - the recovery mode: a cold restart of the whole job from the newest checkpoint, or a hot spare's
   in-process take-over with no step lost.
 
-The model is first order, as in Young (1974) and in the ETTR estimates of Kokolis et al. (2025):
+The model is first order, as in Young (1974); ETTR is the metric of Kokolis et al. (2025):
 interruptions arrive at a constant rate per GPU-hour, so a job of N GPUs sees one every
 1 / (rate * N) hours; each stops the whole job for the sum of its recovery phases (every GPU waits);
 checkpoint saves block training for their blocking time once per interval. The `rtj_demo.report`
