@@ -38,8 +38,9 @@ LAYERS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"cli", "testing"}),
     ),
     "rtj_demo": (
-        # The report's vocabulary, the terminal view, the processes a run leaves, the checkpoint bench.
-        frozenset({"ckptbench", "live", "processes", "report"}),
+        # The report's vocabulary, the terminal view, the processes a run leaves, the checkpoint bench,
+        # the projection to large jobs.
+        frozenset({"ckptbench", "live", "processes", "projection", "report"}),
         frozenset({"timeline"}),
         frozenset({"plot", "rehearsal"}),
         # The configurations the demo rehearses, and the Kubernetes-only run beside them.
