@@ -471,6 +471,29 @@ def _table(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def pairing_figures(nodes: int = 128, repeats: int = 20) -> dict[str, Any]:
+    """Seconds to compute the memory tier's pairing across zones (``topology.replica_holders``, what
+    every rank computes once per world) for ``nodes`` x 8 ranks in three uneven zones (60/40/28 of
+    128), shuffled; median of ``repeats``."""
+    import random
+
+    from rtj_trainer.reference import topology
+
+    sizes = [nodes * 60 // 128, nodes * 40 // 128]
+    domains = ["a"] * sizes[0] + ["b"] * sizes[1] + ["c"] * (nodes - sum(sizes))
+    random.Random(0).shuffle(domains)
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        topology.replica_holders(domains, NPROC)
+        seconds.append(time.perf_counter() - started)
+    return {
+        "ranks": nodes * NPROC,
+        "zones": [domains.count(z) for z in "abc"],
+        "median_s": statistics.median(seconds),
+    }
+
+
 IN_NAMESPACE = "RTJ_BENCH_NO_RESOLVER"
 
 
@@ -503,7 +526,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ranks", default="128,256,1024", help="active rank counts, comma-separated")
     parser.add_argument("--workers", type=int, default=8, help="worker processes")
     parser.add_argument("--heartbeat-seconds", type=float, default=5.0)
-    parser.add_argument("--pairing", action="store_true", help="also time the topology-aware pairing")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     parser.add_argument("--records", type=Path, help="also write every rank's records here (JSON)")
     parser.add_argument(
@@ -530,8 +552,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "resolver": args.resolver,
         "wall_s": round(time.time() - started, 1),
         "runs": [summary(r) for r in runs],
+        "pairing": pairing_figures(),
     }
     print(_table(runs))
+    pairing = result["pairing"]
+    print(
+        f"pairing across zones {pairing['zones']}, {pairing['ranks']} ranks:"
+        f" {pairing['median_s'] * 1e3:.2f} ms"
+    )
     if args.records is not None:
         args.records.write_text(json.dumps({**result, "runs": runs}) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
