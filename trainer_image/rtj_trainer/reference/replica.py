@@ -35,6 +35,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import os
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,8 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+
+from rtj_trainer.reference import topology
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +188,16 @@ def peer_offset(stride: int, world_size: int) -> int:
     return offset if offset != 0 else 1
 
 
+def world_domains(group: dist.ProcessGroup | None = None) -> tuple[str, ...] | None:
+    """Collective of ``group`` where the job renders ``RTJ_NODE_ZONE`` (every rank or none): each
+    rank's zone, in rank order; None (no collective) where it does not."""
+    if topology.NODE_ZONE_ENV not in os.environ:
+        return None
+    gathered: list[object] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, os.environ[topology.NODE_ZONE_ENV].strip(), group=group)
+    return tuple(str(zone) for zone in gathered)
+
+
 def wire_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """Where tensors sent over ``group`` must live: the current CUDA device for NCCL, else the host."""
     if dist.get_backend(group) == "nccl":
@@ -289,6 +302,31 @@ class MemoryTier:
         self._sends: list[torch.Tensor | None] = [None, None]
         self._wire_in: torch.Tensor | None = None
         self._spare: torch.Tensor | None = None
+        self.domains: tuple[str, ...] | None = None
+        """Each rank's failure domain in the current world (:func:`world_domains`), or None: the
+        holders are then ``stride`` ranks ahead (:func:`peer_offset`)."""
+        self._pairing: tuple[tuple[tuple[str, ...], int], list[int], list[int]] | None = None
+
+    def peers(self, rank: int, world: int) -> tuple[int, int] | None:
+        """(holder, source) of ``rank`` in a world of ``world``: the rank its state goes to and the
+        rank whose state it holds; None in a world of one. Across failure domains
+        (``topology.replica_holders``) when :attr:`domains` describes this world of whole nodes,
+        else ``stride`` ranks ahead and behind. Every rank computes the same permutation."""
+        domains = self.domains
+        if domains is None or len(domains) != world or world % self.stride != 0:
+            offset = peer_offset(self.stride, world)
+            return None if offset == 0 else ((rank + offset) % world, (rank - offset) % world)
+        if world <= 1:
+            return None
+        key = (domains, self.stride)
+        if self._pairing is None or self._pairing[0] != key:
+            holders = topology.replica_holders(topology.node_domains(domains, self.stride), self.stride)
+            sources = [0] * world
+            for giver, holder in enumerate(holders):
+                sources[holder] = giver
+            self._pairing = (key, holders, sources)
+        _, holders, sources = self._pairing
+        return holders[rank], sources[rank]
 
     def replica_at(self, of_index: int, step: int) -> Replica | None:
         """The held replica of ``of_index`` at ``step``, of either generation, or None."""
@@ -319,12 +357,12 @@ class MemoryTier:
         when the new one arrived whole; on any error (a peer lost, ``timeout``) it stays as it was
         and the error propagates. A no-op in a world of one."""
         world = dist.get_world_size(group)
-        offset = peer_offset(self.stride, world)
-        if offset == 0:
+        rank = dist.get_rank(group)
+        peers = self.peers(rank, world)
+        if peers is None:
             return
         started = time.perf_counter()
-        rank = dist.get_rank(group)
-        holder, source = (rank + offset) % world, (rank - offset) % world
+        holder, source = peers
         device = wire_device(group)
         send, encoded = self._prepare_send(tensors, device)
         sizes = [send.numel(), encoded.numel()]

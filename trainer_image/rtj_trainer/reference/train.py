@@ -247,6 +247,9 @@ class Trainer:
         )
         if self.env.supervisor_mode and self.rank == 0 and iteration == 0:
             self.pg_store.set(rtj_trainer.WORLD_FORMED_KEY, str(time.time()))
+        if self.env.supervisor_mode:
+            # Every iteration: a reserve rank that took a lost index brings its own node's zone.
+            self.tier.domains = replica.world_domains()
         try:
             result = self._train(iteration, call_wrapper)
         except BaseException:
