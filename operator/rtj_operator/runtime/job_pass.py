@@ -48,6 +48,8 @@ Decided = tuple[decide.Plan, observe.JobView, dict[str, Any]]
 
 # How long a child (not a pod) created or found existing is trusted to exist without a new create.
 KNOWN_CHILD_SECONDS = 600.0
+# Pod creates (or deletes) of one pass in flight at once.
+APPLY_CONCURRENCY = 8
 
 
 class NotLeadingError(Exception):
@@ -161,22 +163,69 @@ def log_decision(body: Mapping[str, Any], plan: decide.Plan) -> None:
 async def _apply(
     ctx: OperatorContext, key: JobKey, runner: JobRunner, actions: Sequence[decide.Action]
 ) -> decide.Refusal | None:
-    """Apply the actions in order; stop at a create the API server refuses for good and return it."""
-    for action in actions:
-        child = known_child(action)
-        if (
-            child is not None
-            and time.monotonic() - runner.known_children.get(child, -1e18) < KNOWN_CHILD_SECONDS
-        ):
-            continue  # created or found existing a moment ago: no request
+    """Apply the actions in order, a run of pod creates (or of pod deletes) side by side; stop at a
+    create the API server refuses for good and return it (the first in order)."""
+    for batch in _batches(actions):
+        due = [action for action in batch if not _known_recently(runner, action)]
+        if not due:
+            continue  # children created or found existing a moment ago: no request
         ensure_acting(ctx)
-        try:
-            await asyncio.to_thread(ctx.kube.apply, action, key[0])
-        except kube.RefusedError as error:
-            return error.refusal
-        if child is not None:
-            runner.known_children[child] = time.monotonic()
+        errors = await _apply_side_by_side(ctx, key[0], due)
+        for action, error in zip(due, errors, strict=True):
+            if isinstance(error, kube.RefusedError):
+                return error.refusal
+            if error is not None:
+                raise error
+            child = known_child(action)
+            if child is not None:
+                runner.known_children[child] = time.monotonic()
     return None
+
+
+def _side_by_side_kind(action: decide.Action) -> str | None:
+    """The kind of a run of actions that may go to the API server at once: pods of one job are
+    independent of each other (a 1,000-node job's creates one after another took a minute)."""
+    if isinstance(action, decide.DeletePod):
+        return "delete-pod"
+    if isinstance(action, decide.CreateObject) and action.manifest.get("kind") == "Pod":
+        return "create-pod"
+    return None
+
+
+def _batches(actions: Sequence[decide.Action]) -> list[list[decide.Action]]:
+    """The actions in order, consecutive ones of one side-by-side kind together, every other alone."""
+    batches: list[list[decide.Action]] = []
+    for action in actions:
+        kind = _side_by_side_kind(action)
+        if kind is not None and batches and _side_by_side_kind(batches[-1][0]) == kind:
+            batches[-1].append(action)
+        else:
+            batches.append([action])
+    return batches
+
+
+def _known_recently(runner: JobRunner, action: decide.Action) -> bool:
+    child = known_child(action)
+    return (
+        child is not None and time.monotonic() - runner.known_children.get(child, -1e18) < KNOWN_CHILD_SECONDS
+    )
+
+
+async def _apply_side_by_side(
+    ctx: OperatorContext, namespace: str, actions: Sequence[decide.Action]
+) -> list[BaseException | None]:
+    """Each action's error (None: applied), at most `APPLY_CONCURRENCY` requests in flight."""
+    slots = asyncio.Semaphore(APPLY_CONCURRENCY)
+
+    async def one(action: decide.Action) -> BaseException | None:
+        async with slots:
+            try:
+                await asyncio.to_thread(ctx.kube.apply, action, namespace)
+            except Exception as error:  # reported in order by the caller
+                return error
+            return None
+
+    return list(await asyncio.gather(*(one(action) for action in actions)))
 
 
 def known_child(action: decide.Action) -> tuple[str, str, str, str] | None:
@@ -417,9 +466,8 @@ async def finalize_job(ctx: OperatorContext, key: JobKey, body: kopf.Body) -> No
 
 
 def count_writes(ctx: OperatorContext) -> None:
-    for verb, count in ctx.kube.writes.items():
+    for verb, count in ctx.kube.take_writes().items():
         metrics.WRITES.labels(verb=verb).inc(count)
-    ctx.kube.writes.clear()
 
 
 def forget(ctx: OperatorContext, key: JobKey) -> None:

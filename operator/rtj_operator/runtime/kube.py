@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, Self
@@ -239,6 +240,19 @@ class ApiTransport:
         self.writes: dict[str, int] = {}
         # Creates sent, by kind, never reset: the tests count them (no create of a known child).
         self.creates: dict[str, int] = {}
+        # Requests go from several threads at once (a pass's pod creates side by side).
+        self._counting = threading.Lock()
+
+    def _count(self, table: dict[str, int], key: str) -> None:
+        with self._counting:
+            table[key] = table.get(key, 0) + 1
+
+    def take_writes(self) -> dict[str, int]:
+        """The writes counted since the last call, by verb."""
+        with self._counting:
+            taken = dict(self.writes)
+            self.writes.clear()
+        return taken
 
     @classmethod
     def from_kubeconfig(
@@ -304,7 +318,7 @@ class ApiTransport:
         """One request; on a timeout or a lost connection, the pool is dropped and the request sent
         again, up to `attempts` times (every request the operator makes is safe to repeat)."""
         if method != "GET":
-            self.writes[method] = self.writes.get(method, 0) + 1
+            self._count(self.writes, method)
         for attempt in range(1, attempts + 1):
             try:
                 return self._send(
@@ -428,7 +442,7 @@ class Kube(ApiTransport):
         kind = str(manifest["kind"])
         resource = RESOURCES[kind]
         namespace = manifest.get("metadata", {}).get("namespace")
-        self.creates[kind] = self.creates.get(kind, 0) + 1
+        self._count(self.creates, kind)
         try:
             self.request("POST", resource.path(namespace), body=dict(manifest))
         except kubernetes.client.ApiException as error:
