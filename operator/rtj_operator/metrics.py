@@ -76,6 +76,11 @@ PROGRESS_SCRAPE_DURATION = prometheus_client.Histogram(
     "Time of one read of a trainer's progress endpoint.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
+PROGRESS_SCRAPE_ROUND_DURATION = prometheus_client.Histogram(
+    "rtj_progress_scrape_round_seconds",
+    "Time of one round of reads of every progress endpoint of one job.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
 
 _LAYERS = {"inProcess": "in_process", "inJob": "in_job", "podReplacement": "pod_replacement"}
 _lock = threading.Lock()

@@ -163,12 +163,14 @@ class ProgressScraper:
         found = targets(pods)
         changed = False
         if found:
+            started = time.monotonic()
             timeout = aiohttp.ClientTimeout(
                 total=self.settings.timeout_seconds, sock_connect=self.settings.connect_timeout_seconds
             )
             connector = aiohttp.TCPConnector(force_close=True, limit=self.settings.max_concurrent)
             async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
                 bodies = await asyncio.gather(*(self._read(session, target) for target in found))
+            metrics.PROGRESS_SCRAPE_ROUND_DURATION.observe(time.monotonic() - started)
             for target, body in zip(found, bodies, strict=True):
                 if body is None or body == kept.get(target.uid, (None,))[0]:
                     continue
