@@ -16,6 +16,9 @@ JOB_UID: Final = "RTJ_JOB_UID"
 POD_NAME: Final = "RTJ_POD_NAME"
 NODE_NAME: Final = "RTJ_NODE_NAME"
 POD_IP: Final = "RTJ_POD_IP"
+# The node's zone (topology.kubernetes.io/zone), through the downward API: the API server copies the
+# node's topology labels onto the pod at binding (Kubernetes 1.35 on; empty where it does not).
+NODE_ZONE: Final = "RTJ_NODE_ZONE"
 ROLE: Final = "RTJ_ROLE"
 NODE_RANK: Final = "RTJ_NODE_RANK"
 NNODES: Final = "RTJ_NNODES"
@@ -79,6 +82,7 @@ CONTRACT_NAMES: Final = (
     POD_NAME,
     NODE_NAME,
     POD_IP,
+    NODE_ZONE,
     ROLE,
     NODE_RANK,
     NNODES,

@@ -228,6 +228,8 @@ def test_env_contract_on_workers_and_spares() -> None:
     assert worker["RTJ_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert worker["RTJ_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert worker["RTJ_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    zone = {"fieldRef": {"fieldPath": "metadata.labels['topology.kubernetes.io/zone']"}}
+    assert worker["RTJ_NODE_ZONE"] == spare["RTJ_NODE_ZONE"] == zone
     assert worker["FI_PROVIDER"] == "efa" and worker["NCCL_SOCKET_IFNAME"] == "^docker,lo,veth"
 
 

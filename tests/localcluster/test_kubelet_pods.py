@@ -38,6 +38,7 @@ def get_pod(api: SyncKubeClient, namespace: str, name: str) -> dict[str, Any] | 
     return result
 
 
+ZONE_FIELD = "metadata.labels['topology.kubernetes.io/zone']"
 PEER = "import time\nwhile True: time.sleep(1)"
 
 MAIN = """
@@ -50,6 +51,7 @@ print(json.dumps({
     "pod": os.environ["POD_NAME"],
     "node": os.environ["NODE_NAME"],
     "ip": os.environ["POD_IP"],
+    "zone": os.environ["ZONE"],
     "peer": socket.gethostbyname("peer-0.peers.%s.svc" % os.environ["NS"]),
     "peer_short": socket.gethostbyname("peer-0.peers"),
     "cwd": os.getcwd(),
@@ -105,6 +107,8 @@ def test_pod_runs_as_a_process_with_volume_env_dns_and_logs(
                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                # The API server copies the node's zone label onto the pod at binding (1.35 on).
+                {"name": "ZONE", "valueFrom": {"fieldRef": {"fieldPath": ZONE_FIELD}}},
                 {"name": "SA", "value": "/var/run/secrets/kubernetes.io/serviceaccount"},
             ],
             "volumeMounts": [{"name": "data", "mountPath": "/data"}],
@@ -120,6 +124,10 @@ def test_pod_runs_as_a_process_with_volume_env_dns_and_logs(
 
     node = api.get(path_for("nodes", name=pod["spec"]["nodeName"]))
     assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
+    assert (
+        pod["metadata"]["labels"]["topology.kubernetes.io/zone"]
+        == node["metadata"]["labels"]["topology.kubernetes.io/zone"]
+    )
 
     logs = kubectl(cluster.kubeconfig_path, "logs", "-n", namespace, "main")
     report = json.loads(logs.strip().splitlines()[-1])
@@ -132,6 +140,7 @@ def test_pod_runs_as_a_process_with_volume_env_dns_and_logs(
     assert (volume_dir / "out.txt").read_text() == f"main on {pod['spec']['nodeName']}"
     assert report["pod"] == "main"
     assert report["ip"] == pod["status"]["podIP"]
+    assert report["zone"] == node["metadata"]["labels"]["topology.kubernetes.io/zone"] != ""
     assert ipaddress.ip_address(report["ip"]).is_loopback
     assert report["peer"] == report["peer_short"] == peer["status"]["podIP"] != report["ip"]
     assert report["token"] is True

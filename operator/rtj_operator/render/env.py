@@ -33,6 +33,9 @@ NCCL_ENV = (("NCCL_SOCKET_IFNAME", "^docker,lo,veth"), ("TORCH_NCCL_ASYNC_ERROR_
 
 PROGRESS_SINK_DEFAULT = "endpoint"
 
+# The node's zone as the pod's label that the API server copies from its node at binding.
+NODE_ZONE_FIELD = f"metadata.labels['{constants.LABEL_ZONE}']"
+
 
 def _supervisor_env(job: ResilientTrainingJob, role: str, index: int) -> list[tuple[str, str]]:
     """The Supervisor launcher's variables: the pod's slot, the world's size, the store pod's address."""
@@ -99,6 +102,7 @@ def container_env(job: ResilientTrainingJob, uid: str, *, role: str, index: int)
         {"name": env_names.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": env_names.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": env_names.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": env_names.NODE_ZONE, "valueFrom": {"fieldRef": {"fieldPath": NODE_ZONE_FIELD}}},
     ]
     plain: list[tuple[str, str]] = []
     supervisor = is_supervisor(job)

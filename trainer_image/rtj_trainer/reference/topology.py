@@ -14,11 +14,13 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-NODE_ZONE_ENV: Final = "RTJ_NODE_ZONE"
-"""The node's zone, as the operator would render it into the trainer container (downward API:
-``metadata.labels['topology.kubernetes.io/zone']``, a label the pod gets from its node at binding
-where the cluster copies node topology labels onto pods). Its presence, not its value, makes every
-rank exchange domains: it is rendered for every pod of a job or for none."""
+from rtj_contract import env as env_names
+
+NODE_ZONE_ENV: Final = env_names.NODE_ZONE
+"""The node's zone, which the operator renders into every trainer container (downward API:
+``metadata.labels['topology.kubernetes.io/zone']``, a label the API server copies onto the pod from
+its node at binding, Kubernetes 1.35 on; empty where it does not, and the pairing then stays the
+next node's). Its presence makes every rank exchange domains: it is rendered for every pod of a job."""
 
 
 def ring_order(domains: Sequence[str]) -> list[int]:
