@@ -2,7 +2,7 @@
 control plane: 50 hollow nodes in three zones, an 8-node job whose stand-in trainers report progress
 as trainers do, one node lost. The node lifecycle controller judges the node from its stale Lease; the
 operator files the loss, replaces the pod on another node, the world starts again from its newest
-checkpoint, and the job Succeeds with every step done."""
+checkpoint, and the job Succeeds with every step done; the node, back, is Ready again."""
 
 from __future__ import annotations
 
@@ -86,3 +86,7 @@ def test_a_job_on_hollow_nodes_goes_through_a_node_loss_and_succeeds(
     assert status["progress"]["step"] == STEPS
     assert status["restarts"]["podReplacement"] == 1, status["restarts"]
     assert lost in {fault["nodeName"] for fault in status.get("nodeFaults") or []}, status.get("nodeFaults")
+    local_cluster.hollow.recover([lost])  # the machine is back: its Lease renewed, Ready posted again
+    wait_for(
+        lambda: local_cluster.node_ready_status(lost) == "True", timeout=30, message=f"{lost} Ready again"
+    )

@@ -6,6 +6,7 @@ Kubernetes' own: the node lifecycle controller marks the node Ready=Unknown and 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Iterable
@@ -25,8 +26,10 @@ NO_KUBELET_PORT = 10250  # advertised only: a hollow node serves no logs, exec o
 class HollowNode:
     name: str
     zone: str
+    profile: NodeProfile
     due: float = 0.0  # monotonic time of its next renewal
     lost: bool = False
+    stale_status: bool = False  # Ready to be posted again (the lifecycle controller set it Unknown)
 
 
 def lease_object(name: str, node_uid: str) -> dict[str, Any]:
@@ -47,8 +50,12 @@ async def bounded(calls: Iterable[Awaitable[None]], limit: int) -> None:
     slots = asyncio.Semaphore(limit)
 
     async def one(call: Awaitable[None]) -> None:
-        async with slots:
-            await call
+        try:
+            async with slots:
+                await call
+        finally:
+            if inspect.iscoroutine(call):
+                call.close()  # cancelled before its turn: it never started
 
     await asyncio.gather(*(one(call) for call in calls))
 
@@ -86,8 +93,7 @@ class NodeLeases:
             if error.status != 409:
                 raise
             created = await self.client.get(path_for("nodes", name=name))
-        status = node_status(profile, host_ip=HOST_IP, kubelet_port=NO_KUBELET_PORT)
-        await self.client.patch(path_for("nodes", name=name, subresource="status"), {"status": status})
+        await self._post_status(name, profile)
         try:
             await self.client.create(
                 path_for("leases", NODE_LEASE_NAMESPACE), lease_object(name, created["metadata"]["uid"])
@@ -96,7 +102,11 @@ class NodeLeases:
             if error.status != 409:
                 raise
         offset = self.interval_seconds * (len(self.nodes) % 97) / 97  # spread the renewals
-        self.nodes[name] = HollowNode(name, zone, due=time.monotonic() + offset)
+        self.nodes[name] = HollowNode(name, zone, profile, due=time.monotonic() + offset)
+
+    async def _post_status(self, name: str, profile: NodeProfile) -> None:
+        status = node_status(profile, host_ip=HOST_IP, kubelet_port=NO_KUBELET_PORT)
+        await self.client.patch(path_for("nodes", name=name, subresource="status"), {"status": status})
 
     def lose(self, names: Iterable[str]) -> None:
         """The nodes stop renewing (a machine gone): the lifecycle controller then judges them."""
@@ -104,9 +114,11 @@ class NodeLeases:
             self.nodes[name].lost = True
 
     def recover(self, names: Iterable[str]) -> None:
+        """The nodes are back: their next renewal is now, and it posts their status (Ready again,
+        as a kubelet does when it finds its Ready condition not True)."""
         for name in names:
-            self.nodes[name].lost = False
-            self.nodes[name].due = time.monotonic()
+            node = self.nodes[name]
+            node.lost, node.stale_status, node.due = False, True, time.monotonic()
 
     async def run(self) -> None:
         """Renew each live node's Lease once per interval, forever."""
@@ -126,6 +138,10 @@ class NodeLeases:
                 path_for("leases", NODE_LEASE_NAMESPACE, name), {"spec": {"renewTime": now_micro()}}
             )
             self.renewals += 1
+            node = self.nodes[name]
+            if node.stale_status:
+                await self._post_status(name, node.profile)
+                node.stale_status = False
         except asyncio.CancelledError:
             raise
         except Exception as error:  # one failed renewal is retried next interval
