@@ -31,13 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rtj_demo import ckptbench, configurations, indexedjob, processes
+from rtj_demo import ckptbench, configurations, indexedjob, processes, scalebench, scalephases
 from rtj_demo.plot import plot_runs
 from rtj_demo.rehearsal import (
     REPO_ROOT,
@@ -582,14 +583,65 @@ def checkpoint_main(argv: list[str]) -> int:
     return 0
 
 
+def scale_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rtj bench scale", description=scalebench.__doc__.splitlines()[0])
+    defaults = scalebench.ScaleSettings()
+    parser.add_argument("--hollow-nodes", type=int, default=defaults.hollow_nodes, help="hollow nodes (1100)")
+    parser.add_argument(
+        "--sizes", type=int, nargs="*", default=list(defaults.sizes), help="job sizes, nodes (none: skip)"
+    )
+    parser.add_argument(
+        "--concurrent-jobs", type=int, default=defaults.concurrent_jobs, help="small jobs at once"
+    )
+    parser.add_argument("--steady-seconds", type=float, default=defaults.steady_seconds)
+    parser.add_argument("--idle-seconds", type=float, default=defaults.idle_seconds)
+    parser.add_argument("--out", type=Path, default=None, help="results dir (default bench/results)")
+    args = parser.parse_args(argv)
+    settings = replace(
+        defaults,
+        hollow_nodes=args.hollow_nodes,
+        sizes=tuple(args.sizes),
+        concurrent_jobs=args.concurrent_jobs,
+        steady_seconds=args.steady_seconds,
+        idle_seconds=args.idle_seconds,
+    )
+    if max(settings.sizes, default=0) > settings.hollow_nodes:
+        parser.error(f"--sizes: a job of {max(settings.sizes)} nodes needs as many hollow nodes")
+    processes.clean_up_on_sigterm()
+    out = args.out or _results_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    with tempfile.TemporaryDirectory(prefix="rtj-bench-scale-") as state:
+        started = time.monotonic()
+        results = scalephases.run_all(settings, Path(state), log=lambda line: print(line, flush=True))
+        results["wall_seconds"] = round(time.monotonic() - started, 1)
+    tables = "\n\n".join(
+        t
+        for t in (
+            scalephases.growth_table(results),
+            scalephases.loss_table(results),
+            scalephases.concurrent_table(results),
+        )
+        if t
+    )
+    print(f"\n{tables}")
+    path = out / f"scale-{stamp}.json"
+    path.write_text(json.dumps(results | {"tables": tables}, indent=2) + "\n", encoding="utf-8")
+    scalephases.plot_growth(results, out / f"scale-{stamp}.png")
+    print(f"\nwritten: {path} and its plot")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in {"-h", "--help"}:
-        print("usage: rtj bench goodput|checkpoint [options]   (--help after the name for options)")
+        print("usage: rtj bench goodput|checkpoint|scale [options]   (--help after the name for options)")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name == "goodput":
         return goodput_main(rest)
     if name == "checkpoint":
         return checkpoint_main(rest)
-    print(f"rtj bench: unknown benchmark {name!r} (goodput, checkpoint)", file=sys.stderr)
+    if name == "scale":
+        return scale_main(rest)
+    print(f"rtj bench: unknown benchmark {name!r} (goodput, checkpoint, scale)", file=sys.stderr)
     return 2

@@ -39,9 +39,12 @@ LAYERS: dict[str, tuple[frozenset[str], ...]] = {
     ),
     "rtj_demo": (
         # The report's vocabulary, the terminal view, the processes a run leaves, the checkpoint bench,
-        # the projection to large jobs.
-        frozenset({"ckptbench", "live", "processes", "projection", "report"}),
-        frozenset({"timeline"}),
+        # the projection to large jobs, the scale bench's watches and probes.
+        frozenset({"ckptbench", "live", "processes", "projection", "report", "scalewatch"}),
+        # The timeline of a run; the scale bench's cluster and operator.
+        frozenset({"scalebench", "timeline"}),
+        # The scale bench's scenarios and tables.
+        frozenset({"scalephases"}),
         frozenset({"plot", "rehearsal"}),
         # The configurations the demo rehearses, and the Kubernetes-only run beside them.
         frozenset({"configurations", "indexedjob"}),
