@@ -10,6 +10,7 @@ node, setting a condition.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -176,13 +177,19 @@ class PassState:
         """
         names = {e.node_name for e in self.excluded if e.node_name}
         if not_ready:
-            names |= {n.name for n in self.observed.nodes.values() if n.ready != "True"}
-            # So are nodes that show a health signal (a condition, label, taint) or a planned
-            # disruption (a cordon, a maintenance taint) now: like NotReady, a passing state that
-            # must not bar a waiting spare once it clears.
-            health = self.observed.health
-            names |= {n.name for n in self.observed.nodes.values() if _avoided_now(n, health)}
+            names |= self._avoided_nodes
         return sorted(names)
+
+    @functools.cached_property
+    def _avoided_nodes(self) -> frozenset[str]:
+        """The nodes not Ready now, and those that show a health signal (a condition, label, taint)
+        or a planned disruption (a cordon, a maintenance taint) now: like NotReady, a passing state
+        that must not bar a waiting spare once it clears. Once per pass: the observations do not
+        change within one, and every worker's placement asks (1,000 workers times 1,100 nodes)."""
+        health = self.observed.health
+        return frozenset(
+            n.name for n in self.observed.nodes.values() if n.ready != "True" or _avoided_now(n, health)
+        )
 
     def note_reported_faults(self) -> None:
         """Keep, per node, the most faults a worker's trainer attributed to it (status.nodeFaults[]

@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from rtj_operator import constants
+from rtj_operator import constants, observe
 from rtj_operator.runtime import job_pass
 from rtj_operator.runtime.context import OperatorContext
 from rtj_operator.runtime.queue import JobKey
@@ -194,5 +194,7 @@ async def node_event(**kwargs: Any) -> None:
     memo = remember_indexes(kwargs)
     if kwargs.get("type") is None:
         return  # the initial listing: the jobs' own resume handlers cover it
+    if kwargs.get("type") == "DELETED":
+        observe.forget_node(kwargs["name"])
     for key in sorted({*memo.jobs_on_node(kwargs["name"]), *memo.jobs_waiting_for_nodes()}):
         await memo.queue.trigger(key)
