@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -613,7 +614,12 @@ def scale_main(argv: list[str]) -> int:
     stamp = time.strftime("%Y%m%dT%H%M%S")
     with tempfile.TemporaryDirectory(prefix="rtj-bench-scale-") as state:
         started = time.monotonic()
-        results = scalephases.run_all(settings, Path(state), log=lambda line: print(line, flush=True))
+        try:
+            results = scalephases.run_all(settings, Path(state), log=lambda line: print(line, flush=True))
+        finally:
+            operator_log = Path(state) / "operator.log"
+            if operator_log.is_file():
+                shutil.copyfile(operator_log, out / f"scale-{stamp}-operator.log")
         results["wall_seconds"] = round(time.monotonic() - started, 1)
     tables = "\n\n".join(
         t
