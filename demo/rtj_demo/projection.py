@@ -7,7 +7,7 @@ Pure arithmetic, no I/O. It combines three kinds of figures, kept apart so each 
   taken from publications, as module constants with their source beside each;
 - the project's own measured figures (failure detection, pod replacement, process restart, steps
   lost, checkpoint blocking), passed in by name (`MEASURED_PLACEHOLDERS` lists them, with the values
-  `docs/benchmarks.md` has today); `rtj bench scale` will pass its own through `projection_table`;
+  `docs/benchmarks.md` has today; detection and replacement at 1,000 nodes from `rtj bench scale`);
 - the recovery mode: a cold restart of the whole job from the newest checkpoint, or a hot spare's
   in-process take-over with no step lost.
 
@@ -52,15 +52,16 @@ FSX_PROVISIONED_TIB = 100.0
 GPUS_PER_NODE = 8
 SCALES = (1_000, 16_384)
 
-# --- The project's measured figures (docs/benchmarks.md); placeholders until `rtj bench scale` ---
+# --- The project's measured figures (docs/benchmarks.md; `rtj bench scale` for the control plane's) ---
 
 MEASURED_PLACEHOLDERS: Mapping[str, float] = {
-    # TODO(rtj bench scale): the operator's detection of a lost node at 1,000 nodes. Placeholder:
-    # the local cluster's node-loss grace period (3 s).
-    "cold_detection_seconds": 3.0,
-    # TODO(rtj bench scale): detection to every replacement pod created, 125 and 2,048 pods. At two
-    # pods on the local cluster it is inside the restart figure below.
-    "cold_replacement_seconds": 0.0,
+    # A lost node's detection at 1,000 nodes: Kubernetes' node-monitor grace period (50 s, its
+    # default since 1.32), then the job's nodeLossGraceSeconds (10 s by default), then the operator's
+    # own reaction, 2.0 s p50 at 1,000 nodes (rtj bench scale, scale-20261205T152847: 1.97 s).
+    "cold_detection_seconds": 62.0,
+    # The replacement pod created after the operator judged the node lost: 1.3 s p50 at 1,000 nodes
+    # (rtj bench scale, 1% of the nodes lost: 1.27 s p50, 1.95 s max).
+    "cold_replacement_seconds": 1.3,
     # A whole-job restart on the local cluster, the fault to the next step (plain-restart, node loss,
     # 28.0 s, goodput-20261201T022711), less the 3 s of detection: pods started, processes started,
     # rendezvous. CPU side only: no NCCL, EFA or GPU.

@@ -3,6 +3,7 @@ losses, then many small jobs at once; and the tables of what they measured."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -306,14 +307,14 @@ def plot_growth(results: Mapping[str, Any], path: Path) -> None:
         "operator CPU, steady (cores x 100)": [100 * s["steady"]["operator_cpu_cores"] for s in sizes],
         "status (KiB)": [s["steady"]["status_kib"] for s in sizes],
         "NodeLost to replacement created, max (s x 100)": [
-            100 * ((s["losses"][0]["node_lost_to_created"] or {}).get("max") or 0) for s in sizes
+            100 * ((s["losses"][0]["node_lost_to_created"] or {}).get("max") or math.nan) for s in sizes
         ],
     }
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for label, values in series.items():
         axes.plot(nodes, values, marker="o", label=label)
     axes.set_xscale("log")
-    axes.set_yscale("symlog")
+    axes.set_yscale("log")
     axes.set_xlabel("nodes of the job")
     axes.set_title("rtj bench scale: cost against job size (hollow nodes)")
     axes.legend(fontsize=8)
