@@ -75,6 +75,13 @@ HEARTBEAT_INTERVAL = 0.5
 # -- worker side: stand-in ranks ------------------------------------------------------------------
 
 
+def layer_module(name: str) -> Any:
+    """A module of NVRx's in-process layer, through the one module of the project that imports it."""
+    from rtj_trainer.library.nvrx_inprocess import layer_module as of_the_layer
+
+    return of_the_layer(name)
+
+
 class StandInRank:
     """One rank's store traffic: its two clients and NVRx's calls of formation and reassignment."""
 
@@ -113,9 +120,7 @@ class StandInRank:
         return self.start_iteration()
 
     def start_iteration(self) -> dict[str, Any]:
-        from nvidia_resiliency_ext.inprocess.store import PrefixStore
-
-        store = PrefixStore(self.iteration, self.base)
+        store = layer_module("store").PrefixStore(self.iteration, self.base)
         store.set_initial_rank(self.rank, self.initial)
         store.send_heartbeat(self.rank)
         group_id = self.join_group() if self.rank < self.active else None
@@ -142,10 +147,9 @@ class StandInRank:
 
     def detect(self, lost: Sequence[int]) -> None:
         """NVRx's sibling monitor on finding its sibling silent: what it writes for the lost ranks."""
-        from nvidia_resiliency_ext.inprocess.attribution import Interruption, InterruptionRecord
-        from nvidia_resiliency_ext.inprocess.store import PrefixStore
-
-        store = PrefixStore(self.iteration, self.base)
+        attribution = layer_module("attribution")
+        Interruption, InterruptionRecord = attribution.Interruption, attribution.InterruptionRecord  # noqa: N806
+        store = layer_module("store").PrefixStore(self.iteration, self.base)
         store.get_all_heartbeats(self.world)
         store.record_interrupted([InterruptionRecord(r, Interruption.UNRESPONSIVE) for r in lost])
         store.record_terminated_ranks(lost)
@@ -157,12 +161,11 @@ class StandInRank:
 
     def reform(self, lost: Sequence[int]) -> dict[str, Any]:
         """After an interruption: the iteration barrier, the reassignment, the next iteration."""
-        from nvidia_resiliency_ext.inprocess.store import PrefixStore
         from rtj_trainer.reference.interrupt import reassign
 
         if self.rank == (lost[0] - 1) % self.world:
             self.detect(lost)
-        store = PrefixStore(self.iteration, self.base)
+        store = layer_module("store").PrefixStore(self.iteration, self.base)
         store.wait_for_interrupted(TIMEOUT)
         store.iteration_barrier(ranks=[self.rank], rendezvous_count=self.world, timeout=TIMEOUT)
         terminated = store.get_terminated_ranks()
@@ -172,9 +175,7 @@ class StandInRank:
 
     def heartbeats(self, until: float) -> int:
         """Training's steady traffic: a heartbeat and a look at the sibling's every interval."""
-        from nvidia_resiliency_ext.inprocess.store import PrefixStore
-
-        store = PrefixStore(self.iteration, self.base)
+        store = layer_module("store").PrefixStore(self.iteration, self.base)
         sibling = (self.rank + 1) % self.world
         beats = 0
         while time.time() < until:

@@ -26,6 +26,7 @@ are handled here too (they were ``nvrx_compat``'s). Nothing runs at import time.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Optional
@@ -54,6 +55,13 @@ def in_process_layer() -> Any:
             f"since {'.'.join(map(str, DEPRECATED_SINCE))}): {FALLBACK}"
         ) from error
     return inprocess
+
+
+def layer_module(name: str) -> Any:
+    """One of the layer's own modules (``store``, ``attribution``), for a tool that makes the
+    wrapper's store calls without the wrapper (``bench/store_scale.py``); raises as
+    :func:`in_process_layer` does."""
+    return importlib.import_module(f"{in_process_layer().__name__}.{name}")
 
 
 def in_process_available() -> bool:
