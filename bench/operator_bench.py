@@ -29,12 +29,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import psutil
+from rtj_demo.scalewatch import operator_metrics, start_operator
 from rtj_localcluster.binaries import program
 from rtj_localcluster.cluster import LocalCluster, LocalClusterSettings
 from rtj_localcluster.nodes import PROFILES, node_object, node_status
@@ -122,13 +122,7 @@ def create_and_time(kube: Kube, name: str, nodes: int, timeout: float = 600) -> 
 
 
 def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("rtj_") and " " in line:
-            key, value = line.rsplit(" ", 1)
-            values[key] = float(value)
-    return values
+    return operator_metrics(port)
 
 
 def own_writes(port: int) -> float:
@@ -175,20 +169,7 @@ def main() -> int:
         capture_output=True,
     )
     time.sleep(1)
-    operator = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "rtj"),
-            "operator",
-            "--kubeconfig",
-            kubeconfig,
-            "--namespace",
-            NAMESPACE,
-            "--metrics-port",
-            str(args.metrics_port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(state / "operator.log", "w"),  # noqa: SIM115 (lives as long as the process)
-    )
+    operator = start_operator(kubeconfig, NAMESPACE, args.metrics_port, state / "operator.log")
     kube = Kube.from_kubeconfig(kubeconfig)
     register_stand_in_nodes(kube, 64)
     results: dict[str, Any] = {"cpus": os.cpu_count()}

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +38,7 @@ from rtj_localcluster.ports import reserve_port
 from rtj_operator import constants
 from rtj_operator.runtime.kube import Kube
 
-from rtj_demo.scalewatch import OperatorProbe, PodSeen, Recorder, api_request_counts, rates
+from rtj_demo.scalewatch import OperatorProbe, PodSeen, Recorder, api_request_counts, rates, start_operator
 
 NAMESPACE = "bench"
 SCRAPE_ROUND = "rtj_progress_scrape_round_seconds"
@@ -153,19 +152,8 @@ class ScaleRun:
             check=True,
             capture_output=True,
         )
-        self.operator = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "rtj"),
-                "operator",
-                "--kubeconfig",
-                kubeconfig,
-                "--namespace",
-                NAMESPACE,
-                "--metrics-port",
-                str(self.metrics_port),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=(self.state_dir / "operator.log").open("w"),
+        self.operator = start_operator(
+            kubeconfig, NAMESPACE, self.metrics_port, self.state_dir / "operator.log"
         )
         self.kube = Kube.from_kubeconfig(kubeconfig)
         self.probe = OperatorProbe(self.operator.pid, self.metrics_port)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -168,6 +170,26 @@ def rates(
     return {key: round(value, 2) for value, key in ordered}
 
 
+def start_operator(kubeconfig: str, namespace: str, metrics_port: int, log: Path) -> subprocess.Popen[bytes]:
+    """`rtj operator` as its own process (its CPU and memory its own), serving `namespace`, its log
+    in `log`."""
+    command = [str(Path(sys.executable).parent / "rtj"), "operator", "--kubeconfig", kubeconfig]
+    command += ["--namespace", namespace, "--metrics-port", str(metrics_port)]
+    with log.open("w") as stderr:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+def operator_metrics(port: int) -> dict[str, float]:
+    """The operator's own series (`rtj_*`) from its metrics endpoint, by sample name and labels."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("rtj_") and " " in line:
+            key, value = line.rsplit(" ", 1)
+            values[key] = float(value)
+    return values
+
+
 class OperatorProbe:
     """The operator process: CPU seconds, resident memory and its Prometheus metrics."""
 
@@ -183,14 +205,7 @@ class OperatorProbe:
         return round(float(self.process.memory_info().rss) / 2**20, 1)
 
     def metrics(self) -> dict[str, float]:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("rtj_") and " " in line:
-                key, value = line.rsplit(" ", 1)
-                values[key] = float(value)
-        return values
+        return operator_metrics(self.metrics_port)
 
     def writes(self) -> float:
         return sum(v for k, v in self.metrics().items() if k.startswith("rtj_api_writes_total{"))
