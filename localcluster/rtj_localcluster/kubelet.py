@@ -49,7 +49,7 @@ from .certs import CertPair
 from .client import ApiError, Informer, KubeClient, now_micro, now_rfc3339, path_for
 from .logserver import LogServer
 from .marks import signal_matching
-from .nodes import NODE_LEASE_NAMESPACE, Degradation, NodeProfile, node_status, ready_condition
+from .nodes import NODE_LEASE_NAMESPACE, Degradation, NodeProfile, lease_object, node_status, ready_condition
 from .pod_volumes import PodVolumes, get_optional
 from .podenv import (
     SERVICE_ACCOUNT_DIR,
@@ -822,27 +822,7 @@ class NodeReporter:
                 {"metadata": {"labels": self.kubelet.node["metadata"]["labels"]}},
             )
         await self.post_status()
-        lease = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": self.kubelet.name,
-                "namespace": NODE_LEASE_NAMESPACE,
-                "ownerReferences": [
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Node",
-                        "name": self.kubelet.name,
-                        "uid": created["metadata"]["uid"],
-                    }
-                ],
-            },
-            "spec": {
-                "holderIdentity": self.kubelet.name,
-                "leaseDurationSeconds": 40,
-                "renewTime": now_micro(),
-            },
-        }
+        lease = lease_object(self.kubelet.name, created["metadata"]["uid"])
         try:
             await self.kubelet.client.create(path_for("leases", NODE_LEASE_NAMESPACE), lease)
         except ApiError as error:

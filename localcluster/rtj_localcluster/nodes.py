@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import now_rfc3339
+from .client import now_micro, now_rfc3339
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
@@ -165,6 +165,20 @@ def node_status(
             "systemUUID": "",
             "bootID": "",
         },
+    }
+
+
+def lease_object(name: str, node_uid: str) -> dict[str, Any]:
+    """The node's heartbeat Lease in ``kube-node-lease``, owned by its Node (deleted with it)."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "namespace": NODE_LEASE_NAMESPACE,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}],
+        },
+        "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now_micro()},
     }
 
 

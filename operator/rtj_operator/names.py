@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from rtj_contract import progress as progress_contract
+
 from rtj_operator import constants
 
 # The worker and spare pods' container.
@@ -26,7 +28,7 @@ STORE_CONTAINER_NAME: Final = "store"
 STORE_PORT_NAME: Final = "store"
 STORE_GROUPS_PORT_NAME: Final = "store-groups"
 # The progress endpoint's port name on the container (the operator and a PodMonitor find it by it).
-PROGRESS_PORT_NAME: Final = "progress"
+PROGRESS_PORT_NAME: Final = progress_contract.PORT_NAME
 
 
 def service_name(job: str) -> str:

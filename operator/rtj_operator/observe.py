@@ -140,21 +140,23 @@ def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-# The newest NodeState made of each node, with the resourceVersion it was made of: a pass observes
-# every node of the cluster, and most have not changed since the last pass (1,100 nodes, 100 jobs).
-_NODES_SEEN: dict[str, tuple[str, NodeState]] = {}
+# The newest NodeState made of each node, with the version it was made of (uid and resourceVersion:
+# names and revisions repeat across clusters and across a node's deletion): a pass observes every
+# node of the cluster, and most have not changed since the last pass (1,100 nodes, 100 jobs).
+_NODES_SEEN: dict[str, tuple[tuple[str, str], NodeState]] = {}
 
 
 def observe_node(body: Mapping[str, Any]) -> NodeState:
-    """What the operator sees of a node; made once per version of the node (by its resourceVersion;
-    a body without one is always read anew)."""
+    """What the operator sees of a node; made once per version of the node (a body without a uid and
+    resourceVersion is always read anew)."""
     metadata = _mapping(body.get("metadata"))
-    name, version = _str(metadata.get("name")), _str(metadata.get("resourceVersion"))
+    name = _str(metadata.get("name"))
+    version = (_str(metadata.get("uid")), _str(metadata.get("resourceVersion")))
     seen = _NODES_SEEN.get(name)
-    if version and seen is not None and seen[0] == version:
+    if all(version) and seen is not None and seen[0] == version:
         return seen[1]
     state = _read_node(body)
-    if version and name:
+    if all(version) and name:
         _NODES_SEEN[name] = (version, state)
     return state
 

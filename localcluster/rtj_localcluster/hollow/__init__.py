@@ -60,6 +60,8 @@ class HollowNodes:
         return sorted(self.leases.nodes)
 
     def zone_of(self, name: str) -> str:
+        if name not in self.leases.nodes:
+            raise KeyError(f"no hollow node {name!r}")
         return self.leases.nodes[name].zone
 
     async def add(

@@ -11,10 +11,9 @@ import logging
 import time
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from ..client import ApiError, KubeClient, now_micro, path_for
-from ..nodes import NODE_LEASE_NAMESPACE, NodeProfile, node_object, node_status
+from ..nodes import NODE_LEASE_NAMESPACE, NodeProfile, lease_object, node_object, node_status
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +29,6 @@ class HollowNode:
     due: float = 0.0  # monotonic time of its next renewal
     lost: bool = False
     stale_status: bool = False  # Ready to be posted again (the lifecycle controller set it Unknown)
-
-
-def lease_object(name: str, node_uid: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": name,
-            "namespace": NODE_LEASE_NAMESPACE,
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}],
-        },
-        "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now_micro()},
-    }
 
 
 async def bounded(calls: Iterable[Awaitable[None]], limit: int) -> None:

@@ -26,7 +26,6 @@ from rtj_contract import progress as progress_contract
 
 STEPS_ENV = "RTJ_HOLLOW_STEPS"
 STEP_SECONDS_ENV = "RTJ_HOLLOW_STEP_SECONDS"
-PROGRESS_PORT_NAME = "progress"
 DEFAULT_CHECKPOINT_EVERY = 50
 FINAL_REPORT_WAIT_SECONDS = 15.0
 
@@ -49,7 +48,7 @@ def progress_port(pod: Mapping[str, Any]) -> int | None:
     """The container port named `progress`, or None: the pod reports no progress (a store pod)."""
     for container in pod.get("spec", {}).get("containers") or []:
         for port in container.get("ports") or []:
-            if port.get("name") == PROGRESS_PORT_NAME and isinstance(port.get("containerPort"), int):
+            if port.get("name") == progress_contract.PORT_NAME and isinstance(port.get("containerPort"), int):
                 return int(port["containerPort"])
     return None
 
