@@ -51,7 +51,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -59,7 +58,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from rtj_contract.env import (
     FT_CONFIG,
@@ -78,6 +77,9 @@ from rtj_trainer.library.progress import LIBRARY_VERSION, PROGRESS_FILE_ENV
 from rtj_trainer.runtime import install, launcher_view, rankshim
 from rtj_trainer.runtime.endpoint import ProgressEndpoint
 from rtj_trainer.runtime.launcher_view import LauncherView, RankRecord, RepeatedFailure, StartupFailure
+
+if TYPE_CHECKING:
+    from rtj_trainer.runtime.supervisor import Child
 
 # What stops ft_launcher for good: a command that cannot start, or one that fails at the same step.
 LaunchFailure = StartupFailure | RepeatedFailure
@@ -465,11 +467,11 @@ class LauncherStopper:
     after :data:`STOP_GRACE_SECONDS`."""
 
     def __init__(self) -> None:
-        self._launcher: subprocess.Popen[bytes] | None = None
+        self._launcher: Child | None = None
         self._pending: LaunchFailure | None = None
         self._lock = threading.Lock()
 
-    def adopt(self, children: Sequence[subprocess.Popen[bytes]]) -> None:
+    def adopt(self, children: Sequence[Child]) -> None:
         with self._lock:
             self._launcher = children[0]
             pending = self._pending
@@ -490,7 +492,7 @@ class LauncherStopper:
         killer.start()
 
     @staticmethod
-    def _kill(launcher: subprocess.Popen[bytes]) -> None:
+    def _kill(launcher: Child) -> None:
         if launcher.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 launcher.kill()
@@ -507,12 +509,13 @@ def _cpu_only() -> bool:
 
 @contextmanager
 def progress_endpoint(
-    env: TrainerEnv, child_env: dict[str, str], view: RankHistory | None = None
+    env: TrainerEnv, child_env: dict[str, str], view: RankHistory | None = None, *, serve: bool = True
 ) -> Iterator[ProgressEndpoint | None]:
     """Serve the pod's progress endpoint while the block runs; the children learn the report file
     from ``RTJ_PROGRESS_FILE`` in `child_env`; `view`'s launcher view is merged in. With
     ``RTJ_PROGRESS_PORT`` 0 the file is still there for the endpoint sink to write, but nothing
-    serves it (None)."""
+    serves it (None). With `serve` False the block starts it (``start()``): after forking ranks,
+    which must inherit neither its thread nor its socket."""
     launch_start = time.time()
     directory = Path(tempfile.mkdtemp(prefix="rtj-progress-"))
     path = directory / "progress.json"
@@ -527,7 +530,8 @@ def progress_endpoint(
             node_rank=env.node_rank,
             launch_start=launch_start,
         )
-        endpoint.start()
+        if serve:
+            endpoint.start()
     try:
         yield endpoint
     finally:
@@ -538,28 +542,49 @@ def progress_endpoint(
 
 def launch_supervised(env: TrainerEnv, command: list[str], child_env: dict[str, str]) -> int:
     """Supervisor mode (``rtj_trainer.runtime.supervisor``): the ranks as children, or a standby when the
-    world formed without this pod."""
-    from rtj_trainer.runtime import supervisor
+    world formed without this pod. A Python program's ranks are forked after its imports
+    (``rtj_trainer.runtime.forked``)."""
+    from rtj_trainer.runtime import forked, supervisor
 
     address = resolve(env.store_host, env.store_port)
+    child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    child_env.setdefault("TMPDIR", tempfile.gettempdir())
+    program = forked.program_of(command) if forked.fork_enabled(child_env) else None
+    if program is not None:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = child_env["TORCH_CPP_LOG_LEVEL"]  # read as torch loads
+        log.info("preloaded %s: the ranks fork from here", ", ".join(forked.preload(program, child_env)))
     if supervisor.world_formed(address, env.store_port):
         log.info("the world formed before this pod started: standing by")
         return supervisor.stand_by(address, env.store_port)
-    child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    child_env.setdefault("TMPDIR", tempfile.gettempdir())
     marker = Path(child_env["TMPDIR"]) / f"rtj-drain-{os.getpid()}"
     received = supervisor.record_signals()
-    with progress_endpoint(env, child_env) as endpoint:
+    with progress_endpoint(env, child_env, serve=program is None) as endpoint:
         envs = supervisor.rank_environments(env, child_env, address)
         log.info("run %d ranks of %s (slot %d)", len(envs), " ".join(command), env.slot)
         sys.stdout.flush()
         sys.stderr.flush()
         code = supervisor.run_forwarding_drain(
-            command, envs, marker, preexec=_die_with_parent, received=received
+            command,
+            envs,
+            marker,
+            preexec=_die_with_parent,
+            received=received,
+            spawn=forked.spawner(program, _die_with_parent) if program is not None else None,
+            started=_serve_once_forked(endpoint) if program is not None else None,
         )
         if code == 0 and endpoint is not None and not endpoint.wait_delivered(env.progress_linger_seconds):
             log.warning("final progress report not read within %.0f s", env.progress_linger_seconds)
     return code
+
+
+def _serve_once_forked(endpoint: ProgressEndpoint | None) -> Callable[[Sequence[Child]], None]:
+    """Start serving the endpoint once every rank is forked."""
+
+    def serve(_ranks: Sequence[Child]) -> None:
+        if endpoint is not None:
+            endpoint.start()
+
+    return serve
 
 
 def configuration_error(err: EnvError) -> int:
@@ -575,7 +600,7 @@ def run_launcher(
     child_env: dict[str, str],
     *,
     history: RankHistory | None = None,
-    started: Callable[[Sequence[subprocess.Popen[bytes]]], None] | None = None,
+    started: Callable[[Sequence[Child]], None] | None = None,
 ) -> int:
     """Run `argv` (ft_launcher, or the command in direct mode) as a child that hears of a SIGTERM
     after the drain is marked, while the endpoint serves the report (with `history`'s launcher

@@ -29,7 +29,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from rtj_contract.stores import PG_STORE_OFFSET, WRAPPER_STORE_OFFSET
 
@@ -44,6 +44,20 @@ from rtj_trainer.library.world import (
 log = logging.getLogger("rtj_trainer.runtime.supervisor")
 
 POLL_SECONDS: Final = 0.2
+
+
+class Child(Protocol):
+    """A rank or launcher process: a ``subprocess.Popen``, or a rank forked after the imports
+    (``rtj_trainer.runtime.forked.ForkedRank``)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, signum: int) -> None: ...
+
+    def kill(self) -> None: ...
 
 
 def rank_environments(env: TrainerEnv, base: dict[str, str], store_address: str) -> list[dict[str, str]]:
@@ -168,16 +182,24 @@ def run_forwarding_drain(
     marker: Path,
     *,
     preexec: Callable[[], None] | None = None,
-    started: Callable[[Sequence[subprocess.Popen[bytes]]], None] | None = None,
+    started: Callable[[Sequence[Child]], None] | None = None,
     received: list[int] | None = None,
+    spawn: Callable[[dict[str, str]], Child] | None = None,
 ) -> int:
     """Run one process per environment, each in its own session; forward SIGTERM (after marking
     the drain) to all of them, also one that came before they existed (`received`: from
     :func:`record_signals`); wait for all; return the pod's status (``pod_status``), or the drain's
     when a SIGTERM ended a failing run. `started` is told the processes once they run (rtj-launch
-    stops ft_launcher on a start-up failure)."""
+    stops ft_launcher on a start-up failure, and serves its endpoint only once no more forks come).
+    `spawn` starts one from its environment (default: `command` as a new process; Supervisor's
+    ranks are forked after the imports: ``rtj_trainer.runtime.forked``)."""
     received = received if received is not None else []
-    children: list[subprocess.Popen[bytes]] = []
+    children: list[Child] = []
+
+    def new_process(env: dict[str, str]) -> Child:
+        return subprocess.Popen(list(command), env=env, start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509 - no threads yet
+
+    start = spawn or new_process
 
     def forward(signum: int, _frame: object) -> None:
         if signum == signal.SIGTERM:
@@ -196,10 +218,7 @@ def run_forwarding_drain(
     if signal.SIGTERM in received:  # a drain that came before the children: they start drained
         marker.touch()
     for rank_env in envs:
-        children.append(
-            subprocess.Popen(list(command), env={**rank_env, drain.DRAIN_FILE_ENV: str(marker)},
-                             start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509 - no threads yet
-        )  # fmt: skip
+        children.append(start({**rank_env, drain.DRAIN_FILE_ENV: str(marker)}))
     if started is not None:
         started(children)
     if received:  # a signal that came before the children existed
@@ -209,9 +228,10 @@ def run_forwarding_drain(
     codes: dict[int, int] = {}
     while len(codes) < len(children):
         for index, child in enumerate(children):
-            if index in codes or child.poll() is None:
+            returncode = None if index in codes else child.poll()
+            if returncode is None:
                 continue
-            codes[index] = _exit_status(child.returncode)
+            codes[index] = _exit_status(returncode)
             if codes[index] != 0 and len(codes) < len(children):
                 log.warning(
                     "local rank %d ended with status %d; its siblings go on (the world replaces it)",
