@@ -11,10 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from rtj_trainer.runtime import forked, supervisor
 
-PROGRAM = r'''
+PROGRAM = r"""
 import atexit, json, logging, os, signal, sys, threading
 out = os.environ["OUT"]
 def done():
@@ -36,7 +35,7 @@ with open(out, "w") as f:
         "torch_loaded": "torch" in sys.modules,
     }) + "\n")
 sys.exit(int(sys.argv[1]))
-'''
+"""
 
 
 def _script(tmp_path: Path, shebang: str | None) -> Path:
@@ -49,7 +48,8 @@ def _script(tmp_path: Path, shebang: str | None) -> Path:
 def test_commands_of_this_interpreter_are_forked_and_others_started_afresh(tmp_path: Path) -> None:
     script = _script(tmp_path, sys.executable)
     assert forked.program_of([str(script), "7"]) == forked.Program(str(script), (str(script), "7"))
-    assert forked.program_of([sys.executable, str(script), "a"]) == forked.Program(str(script), (str(script), "a"))
+    by_path = forked.Program(str(script), (str(script), "a"))
+    assert forked.program_of([sys.executable, str(script), "a"]) == by_path
     assert forked.program_of([sys.executable, "-m", "pkg.mod", "x"]) == forked.Program(
         "pkg.mod", ("pkg.mod", "x"), module=True
     )
@@ -91,8 +91,15 @@ def test_a_forked_rank_runs_the_program_as_a_new_interpreter_would(tmp_path: Pat
     assert ended == {"atexit": True}  # its own exit functions ran, after its thread
 
 
-@pytest.mark.parametrize(("body", "status"), [("raise RuntimeError('x')", 1), ("import sys; sys.exit('bye')", 1),
-                                             ("pass", 0), ("import sys; sys.exit(None)", 0)])  # fmt: skip
+ENDINGS = [
+    ("raise RuntimeError('x')", 1),
+    ("import sys; sys.exit('bye')", 1),
+    ("pass", 0),
+    ("import sys; sys.exit(None)", 0),
+]
+
+
+@pytest.mark.parametrize(("body", "status"), ENDINGS)
 def test_a_forked_rank_ends_with_the_status_the_interpreter_would_give(
     tmp_path: Path, body: str, status: int
 ) -> None:
@@ -107,7 +114,8 @@ def test_the_supervisor_forwards_sigterm_to_forked_ranks_and_reads_their_statuse
     script = tmp_path / "wait.py"
     script.write_text(
         "import os, signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0 if os.path.exists(os.environ['RTJ_DRAIN_FILE']) else 9))\n"
+        "drained = lambda *_: sys.exit(0 if os.path.exists(os.environ['RTJ_DRAIN_FILE']) else 9)\n"
+        "signal.signal(signal.SIGTERM, drained)\n"
         "open(os.environ['READY'], 'w').close()\n"
         "time.sleep(60)\n"
         "sys.exit(5)\n"
