@@ -20,7 +20,7 @@ CATEGORIES: Final = ("resilient-training",)
 
 # Labels on every child object.
 LABEL_JOB: Final = f"{GROUP}/job-name"
-LABEL_ROLE: Final = f"{GROUP}/role"  # "worker", "spare" or "store" on pods
+LABEL_ROLE: Final = f"{GROUP}/role"  # "worker", "spare", "surge" or "store" on pods
 LABEL_WORKER_INDEX: Final = f"{GROUP}/worker-index"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "rtj-operator"
@@ -31,6 +31,10 @@ ROLE_WORKER: Final = "worker"
 ROLE_SPARE: Final = "spare"
 # The store pod of a job under faultTolerance.launcher Supervisor: it serves the world's TCP stores.
 ROLE_STORE: Final = "store"
+# A surge pod: asks for a node for worker i's replacement while its old pod still checkpoints after a
+# graceful delete (a drain), and gives that node to the replacement (rtj_operator.decide.surges). Its
+# trainer container runs as a spare outside the training does (env RTJ_ROLE "spare": it holds the node).
+ROLE_SURGE: Final = "surge"
 
 # Annotations.
 ANNOTATION_REPLACES: Final = f"{GROUP}/replaces"  # on a replacement pod: the node it replaced

@@ -25,6 +25,13 @@ WORKER_DISRUPTED: Final = "WorkerDisrupted"
 WORKER_FAILED: Final = "WorkerFailed"  # a worker pod exited non-zero on a healthy node
 WORKER_REPLACED: Final = "WorkerReplaced"  # a replacement worker pod was created
 SPARE_USED: Final = "SpareUsed"  # a hot spare was given up so that a replacement can use its node
+# A worker pod is terminating gracefully on a node that is not lost (a drain) and no hot spare can take its
+# place: a surge pod asks for its replacement's node meanwhile (rtj_operator.decide.surges).
+SURGE_CREATED: Final = "SurgeCreated"
+SURGE_USED: Final = "SurgeUsed"  # a replacement was pinned to the node a surge pod held (then deleted)
+# The API server refused a surge pod (a quota, a policy): the replacement asks for its node once the
+# old pod is gone, as without surges; nothing is blocked.
+SURGE_REFUSED: Final = "SurgeRefused"
 # A worker was moved off a node that will go soon (a spot interruption notice): checkpoint at SIGTERM,
 # then a replacement elsewhere.
 WORKER_MOVED: Final = "WorkerMoved"

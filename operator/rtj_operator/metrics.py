@@ -47,6 +47,12 @@ POD_REPLACEMENTS = prometheus_client.Counter(
     "rtj_pod_replacements_total", "Worker pods replaced (gang restarts count once per lost worker)."
 )
 GANG_RESTARTS = prometheus_client.Counter("rtj_gang_restarts_total", "Restarts of every worker pod of a job.")
+SURGE_PODS = prometheus_client.Counter(
+    "rtj_surge_pods_total",
+    "Surge pods, by outcome: created (a worker terminating gracefully without a spare to take its "
+    "place), used (its replacement was pinned to the surge pod's node).",
+    ["outcome"],
+)
 RESTARTS = prometheus_client.Counter(
     "rtj_restarts_total", "Recoveries by layer: in_process, in_job, pod_replacement.", ["layer"]
 )
@@ -332,6 +338,8 @@ def observe_pass(  # noqa: PLR0913 - keyword-only, each a named field; callers p
     NODE_LOSSES.inc(counters.get("node_losses", 0))
     POD_REPLACEMENTS.inc(counters.get("pod_replacements", 0))
     GANG_RESTARTS.inc(counters.get("gang_restarts", 0))
+    SURGE_PODS.labels("created").inc(counters.get("surges_created", 0))
+    SURGE_PODS.labels("used").inc(counters.get("surges_used", 0))
     for key, layer in _LAYERS.items():
         before, after = old_restarts.get(key), new_restarts.get(key)
         if isinstance(before, int) and isinstance(after, int) and after > before:

@@ -46,15 +46,25 @@ def spare_pod_name(job: str, index: int) -> str:
     return f"{job}-spare-{index}"
 
 
+def surge_pod_name(job: str, index: int) -> str:
+    """`J-surge-<i>`: the surge pod for worker i's replacement (rtj_operator.decide.surges). Not the
+    worker's name: that one is fixed per index (the pod's DNS name, worker 0's the rendezvous host)
+    and stays with the old pod until its kubelet has ended it."""
+    return f"{job}-surge-{index}"
+
+
 def store_pod_name(job: str) -> str:
     """`J-store`: the store pod of a Supervisor job; also its hostname, so its DNS name is stable."""
     return f"{job}-store"
 
 
 def pod_name(job: str, role: str, index: int) -> str:
-    """The pod of `role` (constants.ROLE_WORKER, ROLE_SPARE or ROLE_STORE, whose index is 0) and `index`."""
+    """The pod of `role` (constants.ROLE_WORKER, ROLE_SPARE, ROLE_SURGE or ROLE_STORE, whose index is 0)
+    and `index`."""
     if role == constants.ROLE_STORE:
         return store_pod_name(job)
+    if role == constants.ROLE_SURGE:
+        return surge_pod_name(job, index)
     return worker_pod_name(job, index) if role == constants.ROLE_WORKER else spare_pod_name(job, index)
 
 

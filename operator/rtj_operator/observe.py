@@ -81,7 +81,7 @@ class NodeState:
 class PodState:
     name: str
     uid: str
-    role: str  # constants.ROLE_WORKER, ROLE_SPARE or ROLE_STORE (index 0)
+    role: str  # constants.ROLE_WORKER, ROLE_SPARE, ROLE_SURGE (a worker's index) or ROLE_STORE (index 0)
     index: int
     node_name: str
     phase: str
@@ -217,7 +217,7 @@ def _whole_requests(spec: Mapping[str, Any]) -> dict[str, int]:
 
 
 def observe_pod(body: Mapping[str, Any], report: ProgressReport | None = None) -> PodState | None:
-    """A pod of a job (worker, spare or store), or None for a pod that is none of the job's.
+    """A pod of a job (worker, spare, surge or store), or None for a pod that is none of the job's.
 
     `report` is the pod's newest progress report, read from its progress endpoint
     (`runtime.scrape`), if any."""
@@ -231,7 +231,7 @@ def observe_pod(body: Mapping[str, Any], report: ProgressReport | None = None) -
     name = _str(metadata.get("name"))
     if role == constants.ROLE_WORKER:
         index_text = _str(labels.get(constants.LABEL_WORKER_INDEX))
-    elif role == constants.ROLE_SPARE:
+    elif role in (constants.ROLE_SPARE, constants.ROLE_SURGE):
         index_text = name.rpartition("-")[2]
     elif role == constants.ROLE_STORE:
         index_text = "0"

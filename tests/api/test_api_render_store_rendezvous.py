@@ -42,9 +42,9 @@ def test_the_store_pod_hosts_the_rendezvous_on_one_port() -> None:
     (container,) = store["spec"]["containers"]
     assert container["command"] == ["rtj-store", "--port", "31000", "--rendezvous-id", UID, "--nnodes", "3"]
     assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("store", 31000)]
-    # Never beside a worker or spare, as under Supervisor.
+    # Never beside a worker, spare or surge pod, as under Supervisor.
     terms = store["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms[0]["labelSelector"]["matchExpressions"][0]["values"] == ["worker", "spare"]
+    assert terms[0]["labelSelector"]["matchExpressions"][0]["values"] == ["worker", "spare", "surge"]
 
 
 def test_every_worker_dials_the_store_pod_and_ft_launchers_own_variables_stay() -> None:

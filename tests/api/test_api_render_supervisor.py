@@ -141,7 +141,9 @@ def test_the_store_pod_runs_anywhere_but_beside_the_jobs_workers_and_spares() ->
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"] == {
         "matchLabels": {constants.LABEL_JOB: "llm"},
-        "matchExpressions": [{"key": constants.LABEL_ROLE, "operator": "In", "values": ["worker", "spare"]}],
+        "matchExpressions": [
+            {"key": constants.LABEL_ROLE, "operator": "In", "values": ["worker", "spare", "surge"]}
+        ],
     }
     assert "podAffinity" not in spec["affinity"]
     keys = [t["key"] for t in spec["tolerations"]]
@@ -155,7 +157,9 @@ def test_workers_neither_follow_nor_avoid_the_store_pod_by_their_own_terms() -> 
     affinity = render.render_worker_pod(job(), 0)["spec"]["affinity"]
     peers = {
         "matchLabels": {constants.LABEL_JOB: "llm"},
-        "matchExpressions": [{"key": constants.LABEL_ROLE, "operator": "In", "values": ["worker", "spare"]}],
+        "matchExpressions": [
+            {"key": constants.LABEL_ROLE, "operator": "In", "values": ["worker", "spare", "surge"]}
+        ],
     }
     for kind in ("podAffinity", "podAntiAffinity"):
         for term in affinity[kind]["requiredDuringSchedulingIgnoredDuringExecution"]:

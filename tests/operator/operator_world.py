@@ -165,6 +165,15 @@ class World:
             if stop_after is not None and n >= stop_after:
                 break
             refusal = self.refusal(action)
+            if refusal is not None and isinstance(action, decide.CreateObject) and action.optional:
+                # As runtime.job_pass does: a refused surge pod's entry leaves status, nothing is held.
+                self.actions_applied.append(action)
+                status, _, emitted = decide.surge_refused(
+                    self.job.get("status", {}), refusal.name, refusal.describe()
+                )
+                self.job["status"] = status
+                self.events.extend(emitted)
+                continue
             if refusal is not None:
                 # As runtime.job_pass does: the refusal becomes a condition in the same pass.
                 self.actions_applied.append(action)

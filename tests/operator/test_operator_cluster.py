@@ -483,6 +483,67 @@ def test_a_child_refused_by_a_resource_quota_is_a_condition_and_is_not_retried(
         kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
 
 
+# A worker that takes its whole grace period to end, as one committing a checkpoint at SIGTERM does.
+SLOW_TO_END = [
+    "python",
+    "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
+]
+
+
+def test_a_surge_pod_refused_by_a_resource_quota_blocks_nothing_and_is_not_asked_for_again(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    """A quota with room for the workers only: the surge pod of a deleted worker is refused (the
+    terminating pod still counts), its entry leaves status with one SurgeRefused, the job is not
+    Blocked, and the replacement is created once the old pod is gone."""
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+    try:
+        kubectl(kubeconfig, "-n", namespace, "create", "quota", "pods", "--hard=pods=2")
+        wait_for(
+            lambda: get(kubeconfig, "-n", namespace, "resourcequota", "pods").get("status", {}).get("hard"),
+            timeout=60,
+            message="the quota's status",
+        )
+        with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+            manifest = job_manifest(
+                "surge",
+                namespace,
+                nodes=2,
+                command=SLOW_TO_END,
+                instanceType=_instance_type(kubeconfig),
+                terminationGracePeriodSeconds=6,
+            )
+            apply(kubeconfig, manifest, tmp_path)
+            wait_state(kubeconfig, namespace, "surge", "Running", timeout=120)
+            old = pods(kubeconfig, namespace, "surge")["surge-worker-1"]["metadata"]["uid"]
+            kubectl(kubeconfig, "-n", namespace, "delete", "pod", "surge-worker-1", "--wait=false")
+            wait_for(
+                lambda: events.SURGE_REFUSED in event_reasons(kubeconfig, namespace, "surge"),
+                timeout=60,
+                message="the SurgeRefused Event",
+            )
+            assert _blocked(kubeconfig, namespace, "surge") is None
+            wait_for(
+                lambda: (
+                    (p := pods(kubeconfig, namespace, "surge").get("surge-worker-1"))
+                    and p["metadata"]["uid"] != old
+                    and p.get("status", {}).get("phase") == "Running"
+                ),
+                timeout=120,
+                message="worker 1's replacement running",
+            )
+            status = wait_state(kubeconfig, namespace, "surge", "Running", timeout=60)
+            reasons = event_reasons(kubeconfig, namespace, "surge")
+        assert [e["role"] for e in status["workers"]["pods"]] == ["worker", "worker"], status["workers"]
+        assert reasons.count(events.SURGE_REFUSED) == 1 and events.QUOTA_EXCEEDED not in reasons, reasons
+        blocked = _condition(status, cond.COND_BLOCKED)
+        assert blocked is None or blocked["status"] != "True", blocked
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
 def test_a_status_written_by_someone_else_is_corrected_on_the_next_event(
     kubeconfig: Path, tmp_path: Path
 ) -> None:

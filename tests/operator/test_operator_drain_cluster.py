@@ -6,15 +6,18 @@ disruption: the pod, deleted with its grace period, is ended by its own kubelet 
 the step it was at, and the replacement resumes from that step without losing one), Karpenter's taint
 and eviction, a spot interruption notice's taint (the operator moves the worker), the same notice as a
 label the operator's settings name, then a node killed: the only fault. The same drain under the
-Supervisor launcher, and a drain held by the job's PodDisruptionBudget, have a test each."""
+Supervisor launcher, a drain held by the job's PodDisruptionBudget, and a drain whose replacement takes
+the node a surge pod asked for while the old pod checkpointed (decide.surges), have a test each."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,7 @@ from rtj_localcluster.binaries import program
 from rtj_localcluster.cluster import LocalCluster
 from rtj_localcluster.ports import reserve_port_pair
 from rtj_localcluster.testing import kubectl, wait_for
-from rtj_operator import events, names
+from rtj_operator import constants, events, names
 from rtj_operator.decide import conditions as cond
 from rtj_operator.main import EmbeddedOperator
 from rtj_operator.nodehealth import NodeHealth
@@ -175,6 +178,8 @@ def assert_no_fault(kubeconfig: Path, namespace: str, disruptions: int) -> dict[
 
 
 PLANNED_STEPS = 250
+# The surge test's steps, a second each: the drained pod's checkpoint waits for the step in progress.
+SURGE_STEPS = 20
 SPOT_NOTICE = "aws-node-termination-handler/spot-itn"
 # A site's own spot handler that labels the node: the operator's settings name the label.
 SPOT_NOTICE_LABEL = "example.com/spot-notice"
@@ -364,3 +369,146 @@ def test_a_drain_under_the_supervisor_launcher_is_a_disruption_and_no_fault(
     directory = checkpoint_dir(kubeconfig, namespace, "drain")
     committed = sorted(c.step for c in checkpoint.list_checkpoints(directory) if c.committed)
     assert len(committed) == 2 and committed[-1] == STEPS, committed  # the drain's and the end
+
+
+# --- a surge pod asks for the replacement's node while the drained pod checkpoints (decide.surges) ------
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """A watch event of one of the job's pods, and when it arrived here (Unix time)."""
+
+    at: float
+    type: str
+    pod: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.pod["metadata"]["name"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.pod["metadata"]["uid"])
+
+    @property
+    def ready(self) -> bool:
+        conditions = self.pod.get("status", {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+@contextlib.contextmanager
+def pod_timeline(kubeconfig: Path, namespace: str, job: str) -> Iterator[list[Seen]]:
+    """Every watch event of the job's pods (`kubectl get pods -w`), stamped when it arrives."""
+    selector = f"{constants.LABEL_JOB}={job}"
+    watch = ["get", "pods", "-n", namespace, "-l", selector, "-w", "--output-watch-events", "-o", "json"]
+    seen: list[Seen] = []
+    process = subprocess.Popen(
+        [str(program("kubectl")), f"--kubeconfig={kubeconfig}", *watch],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+    def read() -> None:
+        pending = ""  # kubectl writes an event per line; a pretty-printed one spans several
+        assert process.stdout is not None
+        for line in process.stdout:
+            pending += line
+            try:
+                event = json.loads(pending)
+            except json.JSONDecodeError:
+                continue
+            pending = ""
+            seen.append(Seen(time.time(), event["type"], event["object"]))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield seen
+    finally:
+        process.terminate()
+        process.wait()
+        reader.join(timeout=10)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def drain_moments(seen: list[Seen], old_uid: str) -> dict[str, float | None]:
+    """When each step of worker 1's drain was seen, in seconds after its old pod was seen terminating."""
+
+    def first(matches: Callable[[Seen], bool]) -> float | None:
+        return next((s.at for s in seen if matches(s)), None)
+
+    surge, worker = "drain-surge-1", "drain-worker-1"
+    moments = {
+        "old pod terminating": first(
+            lambda s: s.uid == old_uid and bool(s.pod["metadata"].get("deletionTimestamp"))
+        ),
+        "surge pod created": first(lambda s: s.name == surge),
+        "surge pod running": first(lambda s: s.name == surge and s.ready),
+        "old pod gone": first(lambda s: s.uid == old_uid and s.type == "DELETED"),
+        "replacement created": first(lambda s: s.name == worker and s.uid != old_uid),
+        "surge pod gone": first(lambda s: s.name == surge and s.type == "DELETED"),
+        "replacement running": first(lambda s: s.name == worker and s.uid != old_uid and s.ready),
+    }
+    start = moments["old pod terminating"]
+    assert start is not None, "the drained pod was never seen terminating"
+    return {step: None if at is None else round(at - start, 2) for step, at in moments.items()}
+
+
+@pytest.mark.local_cluster(nodes=4, profile="cpu", node_monitor_grace_seconds=3.0)
+def test_a_drained_workers_replacement_takes_the_node_its_surge_pod_held_while_the_old_pod_checkpointed(
+    local_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The default launcher without spares: `kubectl drain` of worker 1's node. The surge pod exists
+    while the old pod is still terminating, the replacement runs on the surge pod's node, the surge pod
+    is gone afterwards; a disruption, no fault, no step lost."""
+    kubeconfig = local_cluster.kubeconfig_path
+    install_crd(kubeconfig)
+    namespace = new_namespace(kubeconfig)
+    manifest = _drained_job(namespace, SURGE_STEPS, "1.0", {"intervalSteps": 1000})
+    with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
+        apply(kubeconfig, manifest, tmp_path)
+        wait_step(kubeconfig, namespace, 4)
+        placed = running_pods_on(kubeconfig, namespace, "drain")
+        drained, worker_0_node = placed["drain-worker-1"], placed["drain-worker-0"]
+        uid = worker_1_uid(kubeconfig, namespace)
+        with (
+            pod_timeline(kubeconfig, namespace, "drain") as seen,
+            watching_pod(kubeconfig, namespace, "drain-worker-1", tmp_path / "drain.json"),
+        ):
+            kubectl(
+                kubeconfig,
+                *("drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--force"),
+                "--timeout=200s",
+                timeout=240,
+            )
+            moved = wait_worker_moved(kubeconfig, namespace, {drained, worker_0_node})
+            wait_for(lambda: "drain-surge-1" not in pods(kubeconfig, namespace, "drain"), timeout=60)
+        moments = drain_moments(seen, uid)
+        surge_nodes = {s.pod["spec"].get("nodeName") for s in seen if s.name == "drain-surge-1"} - {None}
+        print(f"drain of {drained}: " + ", ".join(f"{step} {at} s" for step, at in moments.items()))
+        assert_ended_by_its_kubelet_after_its_checkpoint(tmp_path / "drain.json", uid)
+        done = wait_state(kubeconfig, namespace, "drain", "Succeeded", timeout=600)
+        reasons = event_reasons(kubeconfig, namespace, "drain")
+        left = pods(kubeconfig, namespace, "drain")
+    created, running, gone = (
+        moments["surge pod created"],
+        moments["surge pod running"],
+        moments["old pod gone"],
+    )
+    assert created is not None and gone is not None and created < gone, moments  # beside the old pod
+    assert running is not None and running < gone, moments
+    assert surge_nodes == {moved}, (surge_nodes, moved)  # the replacement runs where the surge pod was
+    assert events.SURGE_CREATED in reasons and events.SURGE_USED in reasons, reasons
+    assert moments["surge pod gone"] is not None and "drain-surge-1" not in left, (moments, left)
+    assert (done["budget"].get("failuresUsed", 0), done["budget"]["disruptions"]) == (0, 1), done["budget"]
+    assert not done.get("nodeFaults") and not done.get("excludedNodes"), done
+    assert events.NODE_LOST not in reasons and events.STRANDED_POD_DELETED not in reasons, reasons
+    directory = checkpoint_dir(kubeconfig, namespace, "drain")
+    committed = sorted(c.step for c in checkpoint.list_checkpoints(directory) if c.committed)
+    assert len(committed) == 2 and committed[-1] == SURGE_STEPS, committed  # the drain's and the end
+    for node in (0, 1):
+        state = json.loads(progress.node_state_path(directory, node).read_text())
+        resumed = next(e for e in state["events"] if e.get("step") == committed[0])
+        assert (resumed["resumedFrom"], resumed["stepsLost"]) == ("checkpoint", 0), state

@@ -106,10 +106,15 @@ class Condition(StatusModel):
 
 
 class PodStatus(StatusModel):
-    """One worker, spare or store pod as the operator last saw it."""
+    """One worker, spare, surge or store pod as the operator last saw it."""
 
-    index: Count = Field(description="index is the worker or spare index (0 for the store pod).")
-    role: str = Field(description="role is worker, spare or store.")
+    index: Count = Field(
+        description="index is the worker or spare index (a surge pod's is its worker's; 0 for the store pod)."
+    )
+    role: str = Field(
+        description="role is worker, spare, surge (a surge pod asking for a node for a worker's "
+        "replacement while the old pod terminates, only while one is wanted) or store."
+    )
     pod_name: str = Field(description="podName is the pod's name.")
     node_name: str = Field(default="", description="nodeName is the node the pod is bound to.")
     state: EntryState = Field(
@@ -147,7 +152,7 @@ class WorkersStatus(StatusModel):
     ready_spares: Count = Field(default=0, description="readySpares is the number of ready spare pods.")
     ready_text: str | None = Field(default=None, description='readyText is "ready/desired", for kubectl.')
     pods: list[PodStatus] = Field(
-        default_factory=list, description="pods are the job's worker and spare pods."
+        default_factory=list, description="pods are the job's worker and spare pods, and its surge pods."
     )
 
 

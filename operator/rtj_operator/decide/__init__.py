@@ -4,11 +4,11 @@
 calls `reconcile`, writes `Plan.status` first and applies `Plan.actions` after. Nothing here does I/O.
 
 Writing status before acting is what makes the counters exact across operator crashes. Each worker
-and spare has an entry in `status.workers.pods` whose `state` (`api.EntryState`) is the operator's
-record of it:
+and spare (and each surge pod wanted: `surges`) has an entry in `status.workers.pods` whose `state`
+(`api.EntryState`) is the operator's record of it:
 
 - `Creating`: a pod is wanted and none of the job's has been seen on a node yet; `nodeName`, if set,
-  is the node the pod is pinned to (a hot spare's node).
+  is the node the pod is pinned to (a hot spare's or a surge pod's node).
 - `Pending` / `Running` / `Succeeded` / `Failed`: the pod was seen in that phase on `nodeName`.
 - `Replacing`: a fault was counted; the old pod is to be removed and a new one created.
 - `Suspended`: the job is suspended; no pod is wanted.
@@ -29,6 +29,8 @@ The modules, in reading order:
 - `repeated`: a worker whose training fails the same way at the same step fails the job at once
   (`DeterministicFailure`).
 - `placement`: workers and spares toward running pods; hot spares used for replacements.
+- `surges`: a surge pod per worker terminating gracefully (a drain) without a spare to take its
+  place, asking for its replacement's node while the old pod checkpoints.
 - `lifecycle`: running, suspended, resumed, finished, TTL, invalid specs, deletion.
 - `filesystems`: no create for a job whose FSx file system is not allowed for its namespace.
 - `admission`: children the API server refused; creates held until the spec changes or a recheck.
@@ -61,6 +63,7 @@ from rtj_operator.decide.admission import (
 from rtj_operator.decide.conditions import set_condition
 from rtj_operator.decide.lifecycle import comparable, finalize, reconcile_invalid
 from rtj_operator.decide.reconciler import reconcile
+from rtj_operator.decide.surges import surge_refused
 
 __all__ = [
     "PERMANENT_CODES",
@@ -80,4 +83,5 @@ __all__ = [
     "reconcile_invalid",
     "record_refusal",
     "set_condition",
+    "surge_refused",
 ]

@@ -21,9 +21,13 @@ FORCE = 0
 
 @dataclass(frozen=True)
 class CreateObject:
-    """Create a child; AlreadyExists counts as success (the name is deterministic)."""
+    """Create a child; AlreadyExists counts as success (the name is deterministic).
+
+    `optional`: the job does without it (a surge pod, `decide.surges`): the API server's refusal
+    neither stops the pass's other actions nor blocks the job (`decide.surge_refused`)."""
 
     manifest: dict[str, Any]
+    optional: bool = False
 
     @property
     def kind(self) -> str:
@@ -95,5 +99,5 @@ class Plan:
     events: tuple[Event, ...]
     requeue_after: float | None
     offsets: dict[str, RestartOffset] = field(default_factory=dict)
-    # Counts for metrics: node_losses, pod_replacements, gang_restarts.
+    # Counts for metrics: node_losses, pod_replacements, gang_restarts, surges_created, surges_used.
     counters: dict[str, int] = field(default_factory=dict)

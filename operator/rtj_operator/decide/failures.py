@@ -21,7 +21,8 @@ after that write resumes from `Replacing` without counting again; a crash before
   faults, grow the backoff series, and choose the scope: the lost workers, or every worker (a gang
   restart) when worker 0 hosting the rendezvous (FtLauncher without a store pod) was lost or the
   action is RestartJob (a process failure's default). A failed job is `Ready=False` and
-  `Recovering=False` in the same pass.
+  `Recovering=False` in the same pass. Workers replaced one by one may get a surge pod
+  (`decide.surges`); a gang restart drops every surge.
 - With a store pod (`faultTolerance.launcher` Supervisor, or FtLauncher with `rendezvous.host`
   StorePod) no worker hosts anything: worker 0's loss is one worker's like any other (under Supervisor
   its ranks are taken over in-process by reserve ranks and the replacement pod stands by; under
@@ -67,6 +68,7 @@ from rtj_operator.decide.state import (
     STORE_KEY,
     WORKER,
     PassState,
+    drop_surges,
 )
 from rtj_operator.observe import PodState
 
@@ -425,8 +427,10 @@ def _choose_scope(run: PassState, verdicts: list[Verdict]) -> None:
     if why is None:
         for verdict in verdicts:
             run.entry(WORKER, verdict.loss.index).state = EntryState.REPLACING
+            run.replaced_alone.add(verdict.loss.index)
         return
     run.counters["gang_restarts"] += 1
+    drop_surges(run)  # every worker is recreated at once: no replacement takes a surge's node
     run.event(events.WARNING, events.GANG_RESTART, f"restarting all {run.job.nodes} workers: {why}")
     for index in range(run.job.nodes):
         run.entry(WORKER, index).state = EntryState.REPLACING
@@ -506,6 +510,7 @@ def _fail(run: PassState, reason: str, message: str) -> None:
     run.condition(cond.COND_RECOVERING, False, reason, "the job failed")
     run.event(events.WARNING, reason, message)
     run.completion_time = run.completion_time or format_rfc3339(run.now)
+    drop_surges(run)
     run.remove_all_pods()
 
 

@@ -5,9 +5,10 @@
 - `remove_surplus`: pods and entries beyond `spec.nodes` / `spec.hotSpares` go.
 - `update_running_conditions`: Ready from the workers' counts, Recovering until training advances
   again after a fault (`decide.training`); Succeeded once every worker succeeded (the spares then go).
-- `suspend`: every pod goes, the storage stays, entries read `Suspended`.
-- `keep_finished`: a finished job keeps its succeeded pods (a failed one keeps none) and is deleted
-  `ttlSecondsAfterFinished` after it finished.
+- `suspend`: every pod goes, the storage stays, entries read `Suspended` (surge pods and their
+  entries go: `decide.surges`).
+- `keep_finished`: a finished job keeps its succeeded pods (a failed one keeps none; no job keeps its
+  spares and surge pods) and is deleted `ttlSecondsAfterFinished` after it finished.
 - `reconcile_invalid`: a job whose spec does not validate only gets a condition and a Warning.
 - `finalize`: what deleting a job does beyond garbage collection (storage under `Delete`, taints).
 """
@@ -25,7 +26,7 @@ from rtj_operator.api import EntryState
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide import milestones, training
 from rtj_operator.decide.actions import Action, CreateObject, DeleteJob, DeleteObject, Event, TaintNode
-from rtj_operator.decide.state import SPARE, STORE, STORE_KEY, WORKER, PassState
+from rtj_operator.decide.state import SPARE, STORE, STORE_KEY, SURGE, WORKER, PassState, drop_surges
 from rtj_operator.observe import JobView
 
 # The Ready condition names at most this many workers whose containers cannot start.
@@ -52,7 +53,12 @@ def remove_surplus(run: PassState) -> None:
     """Pods and entries with an index beyond the spec (it shrank, or someone made them) go."""
     for pod in run.stray:
         run.remove_pod(pod)
-    limits = {WORKER: run.job.nodes, SPARE: run.job.hot_spares, STORE: 1 if run.job.store_pod else 0}
+    limits = {
+        WORKER: run.job.nodes,
+        SPARE: run.job.hot_spares,
+        SURGE: run.job.nodes,
+        STORE: 1 if run.job.store_pod else 0,
+    }
     for key in [k for k in run.entries if k[1] >= limits.get(k[0], run.job.hot_spares)]:
         del run.entries[key]
 
@@ -126,6 +132,7 @@ def _succeed(run: PassState) -> None:
     run.condition(cond.COND_RECOVERING, False, cond.REASON_FINISHED, "the job succeeded")
     run.event(events.NORMAL, events.JOB_SUCCEEDED, f"all {nodes} workers succeeded")
     run.completion_time = run.completion_time or format_rfc3339(run.now)
+    drop_surges(run)
     run.remove_all_pods(roles=(SPARE, STORE))
 
 
@@ -134,6 +141,7 @@ def suspend(run: PassState) -> None:
         run.event(events.NORMAL, events.SUSPENDED, "job suspended: workers and spares deleted, storage kept")
     run.condition(cond.COND_READY, False, events.SUSPENDED, "the job is suspended")
     run.condition(cond.COND_RECOVERING, False, events.SUSPENDED, "the job is suspended")
+    drop_surges(run)
     run.remove_all_pods()
     for entry in run.entries.values():
         entry.reset(EntryState.SUSPENDED)
@@ -141,6 +149,7 @@ def suspend(run: PassState) -> None:
 
 def keep_finished(run: PassState) -> None:
     failed = cond.condition_true(run.conditions, cond.COND_FAILED)
+    drop_surges(run)
     if failed:
         _not_ready_after_failure(run)
         run.remove_all_pods()

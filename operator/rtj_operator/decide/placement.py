@@ -2,9 +2,10 @@
 
 - A `Replacing` worker: its old pod goes (once the backoff has passed since the newest replacement
   pod was created: `failurePolicy.backoffSeconds`, doubled per consecutive fault up to
-  `maxBackoffSeconds`), then a replacement is created, on a ready hot spare's node
-  when there is one (the spare is given up, and the worker pinned there by node affinity), else
-  wherever the scheduler puts it.
+  `maxBackoffSeconds`), then a replacement is created, on the node of its surge pod when that runs
+  there (`decide.surges`: asked for while the old pod checkpointed), else on a ready hot spare's node
+  when there is one (the surge pod or spare is given up, and the worker pinned there by node
+  affinity), else wherever the scheduler puts it.
 - A `Creating` worker: created (pinned, if its entry names a spare's node that is still usable); a
   spare that took the node it waits for gives way; a pod that landed on a dead node or waits for a
   pin that can no longer be honoured is created again (unpinned once the old pod is gone).
@@ -28,9 +29,9 @@ from datetime import datetime, timedelta
 
 from rtj_operator import events, render
 from rtj_operator.api import EntryState, PodStatus
-from rtj_operator.decide import failures
+from rtj_operator.decide import failures, surges
 from rtj_operator.decide.actions import CreateObject
-from rtj_operator.decide.state import SPARE, STORE_KEY, WORKER, PassState
+from rtj_operator.decide.state import SPARE, STORE_KEY, SURGE, WORKER, PassState, pinned_nodes, spares_to_take
 from rtj_operator.observe import PodState
 
 
@@ -119,21 +120,15 @@ def _drive_replacing(run: PassState, entry: PodStatus, pod: PodState | None) -> 
     if not store_allows_pods(run):
         return  # the old store pod's deletion wakes the next pass
     replaced_node = entry.node_name
-    # A spare that takes part in the training (Supervisor's reserve ranks, FtLauncher's standby node,
-    # which may already hold the lost worker's rank) is never given up.
-    takes_spare = run.job.hot_spares > 0 and not run.job.spares_in_training
-    spare_node = take_spare(run, run.excluded_names()) if takes_spare else None
-    entry.state, entry.node_name = EntryState.CREATING, spare_node or ""
-    if spare_node:
-        run.event(
-            events.NORMAL, events.SPARE_USED, f"worker {entry.index} replaced on hot spare node {spare_node}"
-        )
-    where = f"on node {spare_node}" if spare_node else "by the scheduler"
+    excluded = run.excluded_names()
+    node = surges.take_surge(run, entry.index, excluded) or take_spare(run, entry.index, excluded)
+    entry.state, entry.node_name = EntryState.CREATING, node or ""
+    where = f"on node {node}" if node else "by the scheduler"
     run.event(
         events.NORMAL, events.WORKER_REPLACED, f"worker {entry.index} replacement created, placed {where}"
     )
     replacement = render.Replacement(run.restarts.pod_replacement, replaced_node)
-    create_worker(run, entry.index, spare_node, replacement)
+    create_worker(run, entry.index, node, replacement)
 
 
 def _drive_creating(run: PassState, entry: PodStatus, pod: PodState | None) -> None:
@@ -182,7 +177,7 @@ def create_worker(
 ) -> None:
     excluded = run.excluded_names()
     if not node_name:
-        # Keep unpinned workers off the nodes that replacements are pinned to (spares' nodes).
+        # Keep unpinned workers off the nodes that replacements are pinned to (spares' and surges' nodes).
         excluded = sorted(set(excluded) | pinned_nodes(run, except_index=index))
     manifest = render.render_worker_pod(
         run.job.model,
@@ -225,32 +220,35 @@ def backoff_until(run: PassState) -> datetime | None:
     return until if until > run.now else None
 
 
-def take_spare(run: PassState, excluded: Sequence[str]) -> str | None:
-    """Give up a ready spare for a replacement; returns its node."""
-    for k in range(run.job.hot_spares):
-        pod = run.pod(SPARE, k)
-        if pod is None or pod.deleting or not pod.ready or pod.phase != "Running" or not pod.node_name:
-            continue
-        if pod.node_name in excluded or run.problem(pod) is not None:
-            continue
-        # Graceful: the replacement is pinned to the node by required affinity, so the scheduler
-        # waits until the spare has released the node's GPUs rather than racing kubelet admission.
-        _give_up_spare(run, k, pod)
-        return pod.node_name
-    return None
+def take_spare(run: PassState, index: int, excluded: Sequence[str]) -> str | None:
+    """Give up a ready spare outside the training for worker `index`'s replacement
+    (`state.spares_to_take`); returns its node (Event `SpareUsed`)."""
+    found = spares_to_take(run, excluded)
+    if not found:
+        return None
+    k, pod = found[0]
+    # Graceful: the replacement is pinned to the node by required affinity, so the scheduler
+    # waits until the spare has released the node's GPUs rather than racing kubelet admission.
+    _give_up_spare(run, k, pod)
+    run.event(events.NORMAL, events.SPARE_USED, f"worker {index} replaced on hot spare node {pod.node_name}")
+    return pod.node_name
 
 
 def release_spare_on(run: PassState, node: str) -> None:
-    """Make sure no spare still holds `node`, which a replacement worker is pinned to.
+    """Make sure no spare (nor surge pod) still holds `node`, which a replacement worker is pinned to.
 
-    Normally the spare was deleted in the pass that pinned the worker; this covers an operator that
-    stopped between writing that decision and deleting the spare, and a spare created before the pin
-    (its affinity does not keep it off the node) that took the node meanwhile.
+    Normally the spare (or surge pod) was deleted in the pass that pinned the worker; this covers an
+    operator that stopped between writing that decision and deleting it, and a spare created before
+    the pin (its affinity does not keep it off the node) that took the node meanwhile.
     """
     for k in range(run.job.hot_spares):
         pod = run.pod(SPARE, k)
         if pod is not None and pod.node_name == node and not pod.deleting:
             _give_up_spare(run, k, pod)
+    for key, pod in sorted(run.pods.items()):
+        if key[0] == SURGE and pod.node_name == node and not pod.deleting:
+            run.remove_pod(pod)
+            del run.pods[key]  # deleted once; `surges` wants it again, elsewhere, if still due
 
 
 def _give_up_spare(run: PassState, index: int, pod: PodState) -> None:
@@ -261,24 +259,16 @@ def _give_up_spare(run: PassState, index: int, pod: PodState) -> None:
     run.spares_taken.add(index)
 
 
-def pinned_nodes(run: PassState, *, except_index: int | None = None) -> set[str]:
-    """Nodes that replacement workers still being created are pinned to."""
-    return {
-        e.node_name
-        for e in run.entries.values()
-        if e.role == WORKER and e.state == EntryState.CREATING and e.node_name and e.index != except_index
-    }
-
-
 def stale_pin(run: PassState, index: int, node: str) -> bool:
     """A pin that can no longer be honoured: the node is gone, excluded, unfit or taken by another
-    worker (or the store pod). A spare on it is no obstacle: it gives way (`release_spare_on`)."""
+    worker (or the store pod). A spare or surge pod on it is no obstacle: it gives way
+    (`release_spare_on`)."""
     if node not in run.observed.nodes or node in run.excluded_names():
         return True
     return any(
         pod.node_name == node
         and not pod.deleting
-        and role != SPARE
+        and role not in (SPARE, SURGE)
         and not (role == WORKER and other == index)
         for (role, other), pod in run.pods.items()
     )

@@ -7,7 +7,8 @@ Read top to bottom, it is the operator's design (docs/architecture.md, "The oper
    since the last pass and count them against the budget (`failures`); a job out of budget fails.
    Workers on a node that goes within minutes (a spot interruption notice) are moved (`moves`).
 3. Judge the spares' nodes, then drive the store pod (under Supervisor), every worker and spare
-   toward a running pod (`placement`),
+   toward a running pod (`placement`; a worker terminating gracefully gets a surge pod that asks
+   for its replacement's node meanwhile: `surges`),
    unless the job's FSx file system is not allowed for its namespace (`filesystems`), the API
    server refused one of the job's children for this spec (`admission`) or too few nodes could
    ever hold a worker (`capacity`).
@@ -40,6 +41,7 @@ from rtj_operator.decide import (
     lifecycle,
     moves,
     placement,
+    surges,
     training,
 )
 from rtj_operator.decide.actions import Plan
@@ -80,6 +82,7 @@ def _run_active(run: PassState) -> None:
     first_start = run.start_time is None
     placement.run_store(run)  # Supervisor only: the store pod before the pods that need it
     placement.run_workers(run)
+    surges.run_surges(run)
     placement.run_spares(run)
     filesystems.hold_disallowed(run)
     admission.hold_creates(run)

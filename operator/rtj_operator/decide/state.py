@@ -1,11 +1,12 @@
 """The typed state of one reconcile pass: the job's status being rewritten, and what was decided.
 
 `PassState.begin` reads the job's status into its API models (`rtj_operator.api.status`: one
-`PodStatus` entry per worker and spare, the node faults and exclusions, the restart counts, the
-budget); the policy modules (`failures`, `placement`, `lifecycle`) change them and append actions
-and Events; `PassState.to_status` writes them back in the status's JSON form. The helpers here are
-the few steps every policy shares: deleting a pod, asking to look again later, judging a pod's
-node, setting a condition.
+`PodStatus` entry per worker and spare, and per surge pod wanted (`decide.surges`), the node faults
+and exclusions, the restart counts, the budget); the policy modules (`failures`, `placement`,
+`lifecycle`, `surges`) change them and append actions and Events; `PassState.to_status` writes them
+back in the status's JSON form. The helpers here are the few steps every policy shares: deleting a
+pod, asking to look again later, judging a pod's node, setting a condition, finding a spare a
+replacement may take.
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ from rtj_operator.observe import JobView, NodeState, Observed, PodState
 from rtj_operator.progress import FoldedProgress
 
 WORKER, SPARE, STORE = constants.ROLE_WORKER, constants.ROLE_SPARE, constants.ROLE_STORE
+SURGE = constants.ROLE_SURGE
 # The store pod's key (faultTolerance.launcher Supervisor): one per job.
 STORE_KEY = (STORE, 0)
 EntryKey = tuple[str, int]  # (role, index)
+# What a pass counts for the metrics (`Plan.counters`).
+COUNTERS = ("node_losses", "pod_replacements", "gang_restarts", "surges_created", "surges_used")
 
 
 def _avoided_now(node: NodeState, health: NodeHealth) -> bool:
@@ -77,13 +81,14 @@ class PassState:
     actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     requeue: datetime | None = None
-    counters: dict[str, int] = field(
-        default_factory=lambda: {"node_losses": 0, "pod_replacements": 0, "gang_restarts": 0}
-    )
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     created_pods: bool = False
     holding: bool = False  # creates held back after the API server refused a child (decide.admission)
     faulted_nodes: set[str] = field(default_factory=set)  # a node's fault counts once per pass
     spares_taken: set[int] = field(default_factory=set)  # spares given up for replacements
+    # Workers this pass decided to replace one by one (a loss, not a gang restart): `surges` may ask
+    # early for their replacements' nodes.
+    replaced_alone: set[int] = field(default_factory=set)
     # What the fold of the workers' progress reports found this pass (reconciler._fold_progress).
     folded: FoldedProgress | None = None
 
@@ -93,7 +98,7 @@ class PassState:
         entries = {
             (entry.role, entry.index): entry
             for entry in (status.workers.pods if status.workers is not None else [])
-            if entry.role in (WORKER, SPARE)
+            if entry.role in (WORKER, SPARE, SURGE)
         }
         if status.store is not None and status.store.index == 0:
             entries[STORE_KEY] = status.store
@@ -102,7 +107,12 @@ class PassState:
         for pod in observed.pods:
             if pod.name != job.pod_name(pod.role, pod.index):
                 continue  # not a name this job creates: someone else's pod carrying our labels
-            limit = {WORKER: job.nodes, SPARE: job.hot_spares, STORE: 1 if job.store_pod else 0}[pod.role]
+            limit = {
+                WORKER: job.nodes,
+                SPARE: job.hot_spares,
+                SURGE: job.nodes,
+                STORE: 1 if job.store_pod else 0,
+            }[pod.role]
             if pod.index >= limit:
                 stray.append(pod)
             else:
@@ -231,7 +241,7 @@ class PassState:
         problem = self.problem(pod)
         self.delete_pod(pod, force=problem is not None and problem.kubelet_gone)
 
-    def remove_all_pods(self, *, roles: Sequence[str] = (WORKER, SPARE, STORE)) -> None:
+    def remove_all_pods(self, *, roles: Sequence[str] = (WORKER, SPARE, STORE, SURGE)) -> None:
         """Delete the pods of `roles` (force on a dead node) and every stray pod; succeeded ones stay."""
         for (role, _), pod in sorted(self.pods.items()):
             if role in roles and pod.phase not in {"Succeeded"}:
@@ -261,7 +271,10 @@ class PassState:
 
     def to_status(self) -> ResilientTrainingJobStatus:
         ready, _, spares = self.worker_counts()
-        ordered = sorted((k for k in self.entries if k != STORE_KEY), key=lambda k: (k[0] != WORKER, k[1]))
+        # Workers first, then spares, then surges, each by index.
+        ordered = sorted(
+            (k for k in self.entries if k != STORE_KEY), key=lambda k: (k[0] != WORKER, k[0], k[1])
+        )
         return ResilientTrainingJobStatus(
             observed_generation=self.job.generation,
             state=cond.state_from_conditions(self.conditions),
@@ -285,3 +298,44 @@ class PassState:
             last_recovery=self.last_recovery,
             checkpoint_advice=self.checkpoint_advice,
         )
+
+
+# -- steps of several policies, on the pass state --
+
+
+def drop_surges(run: PassState) -> None:
+    """Delete every surge pod and forget every surge wanted (`decide.surges`): a job that stops
+    (suspended, finished, failed) or restarts its gang replaces no worker on a surge's node."""
+    for (role, _), pod in sorted(run.pods.items()):
+        if role == SURGE:
+            run.remove_pod(pod)
+    for key in [k for k in run.pods if k[0] == SURGE]:
+        del run.pods[key]  # gone for the rest of the pass: deleted once
+    for key in [k for k in run.entries if k[0] == SURGE]:
+        del run.entries[key]
+
+
+def spares_to_take(run: PassState, excluded: Sequence[str]) -> list[tuple[int, PodState]]:
+    """The ready hot spares on fit nodes (not in `excluded`, no problem) that replacements may take,
+    with their indices, in order; never one that takes part in the training (Supervisor's reserve
+    ranks, FtLauncher's standby node, which may already hold the lost worker's rank)."""
+    if run.job.spares_in_training:
+        return []
+    found = []
+    for k in range(run.job.hot_spares):
+        pod = run.pod(SPARE, k)
+        if pod is None or pod.deleting or not pod.ready or pod.phase != "Running" or not pod.node_name:
+            continue
+        if pod.node_name in excluded or run.problem(pod) is not None:
+            continue
+        found.append((k, pod))
+    return found
+
+
+def pinned_nodes(run: PassState, *, except_index: int | None = None) -> set[str]:
+    """Nodes that replacement workers still being created are pinned to (a spare's or a surge's)."""
+    return {
+        e.node_name
+        for e in run.entries.values()
+        if e.role == WORKER and e.state == EntryState.CREATING and e.node_name and e.index != except_index
+    }

@@ -4,7 +4,8 @@ No I/O and no clock: the same job, uid and excluded nodes always give the same o
 YAML bytes), so the operator can re-render at any time and compare. :func:`render` returns every child
 (docs/architecture.md, "What the renderer produces"); the operator's decisions
 (:mod:`rtj_operator.decide`) call :func:`render_base`, :func:`render_worker_pod` (a replacement
-included, with its annotations) and :func:`render_spare_pod` and send what they return as it is.
+included, with its annotations), :func:`render_spare_pod` and :func:`render_surge_pod` and send what
+they return as it is.
 Names come from :mod:`rtj_operator.names`, sizing from :mod:`rtj_operator.profiles`, label and
 annotation names from :mod:`rtj_operator.constants`, the environment's from :mod:`rtj_contract.env`
 (the trainer reads the same names).
@@ -12,7 +13,7 @@ annotation names from :mod:`rtj_operator.constants`, the environment's from :mod
 One module per concern, assembled here: ``meta`` (what every child shares), ``env`` (the trainer's
 environment), ``placement`` (affinity and tolerations), ``storage`` (the checkpoint's claim and the
 volumes), ``pod_runtime`` (the runtime from spec.runtimeImage), ``security`` (security contexts, the
-ServiceAccount), ``gang`` (gang admission and disruption), ``pods`` (workers and spares),
+ServiceAccount), ``gang`` (gang admission and disruption), ``pods`` (workers, spares and surge pods),
 ``store_pod`` and ``service``.
 """
 
@@ -35,7 +36,7 @@ from rtj_operator.render.meta import (
 )
 from rtj_operator.render.placement import NODE_LOSS_TAINTS
 from rtj_operator.render.pod_runtime import INSTALL_RUNTIME_ARG, LAUNCH_COMMAND
-from rtj_operator.render.pods import Replacement, render_spare_pod, render_worker_pod
+from rtj_operator.render.pods import Replacement, render_spare_pod, render_surge_pod, render_worker_pod
 from rtj_operator.render.security import render_service_account
 from rtj_operator.render.service import render_service
 from rtj_operator.render.storage import render_storage
@@ -61,6 +62,7 @@ __all__ = [
     "render_spare_pod",
     "render_storage",
     "render_store_pod",
+    "render_surge_pod",
     "render_worker_pod",
     "slot",
     "spares_in_training",

@@ -58,7 +58,7 @@ def trainer_affinity(
 
 
 def trainer_pods_selector(job: ResilientTrainingJob) -> dict[str, Any]:
-    """The job's worker and spare pods. A store pod carries the job's label too, and must neither steer
+    """The job's worker, spare and surge pods. A store pod carries the job's label too, and must neither steer
     the workers' zone (pod affinity) nor count as their peer: it is kept out."""
     selector: dict[str, Any] = {"matchLabels": names.selector_labels(job.name)}
     if has_store_pod(job):
@@ -66,7 +66,7 @@ def trainer_pods_selector(job: ResilientTrainingJob) -> dict[str, Any]:
             {
                 "key": constants.LABEL_ROLE,
                 "operator": "In",
-                "values": [constants.ROLE_WORKER, constants.ROLE_SPARE],
+                "values": [constants.ROLE_WORKER, constants.ROLE_SPARE, constants.ROLE_SURGE],
             }
         ]
     return selector

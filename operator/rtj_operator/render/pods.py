@@ -1,4 +1,5 @@
-"""The trainer's pods, workers and hot spares: one pod spec assembled from the other concerns."""
+"""The trainer's pods, workers, hot spares and surge pods: one pod spec assembled from the other
+concerns."""
 
 from __future__ import annotations
 
@@ -107,7 +108,10 @@ def base_pod_spec(job: ResilientTrainingJob, name: str, grace_seconds: int) -> d
     }
 
 
-def _pod(job: ResilientTrainingJob, uid: str, role: str, index: int, placement: Placement) -> dict[str, Any]:
+def _pod(  # noqa: PLR0913 - `runs_as` is keyword-only, for the one pod whose container plays another role
+    job: ResilientTrainingJob, uid: str, role: str, index: int, placement: Placement, *, runs_as: str = ""
+) -> dict[str, Any]:
+    """The pod of `role` and `index`; its container runs as `runs_as` (the environment's role) if set."""
     spec = job.spec
     name = names.pod_name(job.name, role, index)
     pod_spec = base_pod_spec(job, name, spec.termination_grace_period_seconds)
@@ -124,7 +128,7 @@ def _pod(job: ResilientTrainingJob, uid: str, role: str, index: int, placement: 
     init_containers = pod_init_containers(job, checkpoint_dir=True)
     if init_containers:
         pod_spec["initContainers"] = init_containers
-    pod_spec["containers"] = [_container(job, uid, role, index)]
+    pod_spec["containers"] = [_container(job, uid, runs_as or role, index)]
     pod_spec["volumes"] = trainer_volumes(job)
     metadata = _pod_metadata(job, name, uid, role, index)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
@@ -171,3 +175,25 @@ def render_spare_pod(
         raise ValueError(f"spare index {index} out of range 0..{job.spec.hot_spares - 1}")
     placement = Placement(tuple(excluded_nodes), node_name)
     return _pod(job, job_uid(job, uid), constants.ROLE_SPARE, index, placement)
+
+
+def render_surge_pod(
+    job: ResilientTrainingJob,
+    index: int,
+    *,
+    uid: str | None = None,
+    excluded_nodes: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Surge pod ``index`` (``J-surge-<index>``, label ``role: surge``): asks for a node for worker
+    ``index``'s replacement while the old worker pod still checkpoints (`rtj_operator.decide.surges`).
+
+    Rendered as a spare outside the training is, for the same reasons: the worker's container, size
+    and hardening, so that the node it gets (and the image it pulls) fit the replacement; its trainer
+    runs as a spare (``RTJ_ROLE=spare``: rtj-launch starts no rank and holds the node until SIGTERM).
+    The operator makes none where the spares take part in the training.
+    """
+    if not 0 <= index < job.spec.nodes:
+        raise ValueError(f"surge index {index} out of range 0..{job.spec.nodes - 1}")
+    placement = Placement(tuple(excluded_nodes), None)
+    uid = job_uid(job, uid)
+    return _pod(job, uid, constants.ROLE_SURGE, index, placement, runs_as=constants.ROLE_SPARE)

@@ -4,7 +4,8 @@
 idle job the end of the pass); only when something is to be done does it read the job and its pods
 fresh and decide again, so that no fault is counted twice and no pod is created twice. Then it
 writes status (optimistically, with the resourceVersion read), applies the actions and posts the
-Events; a create the API server refuses for good ends the actions and becomes a condition.
+Events; a create the API server refuses for good ends the actions and becomes a condition, but for
+an optional one (a surge pod), whose entry only leaves status.
 `finalize_job` is the same for a deleted job (the finalizer's work).
 
 With leader election, a replica that no longer leads writes nothing more: every status write and
@@ -114,9 +115,10 @@ async def _run_pass(ctx: OperatorContext, key: JobKey, runner: JobRunner) -> str
     runner.offsets = dict(plan.offsets)
     if ensure_base:
         runner.ensure_base = False
-    refused = await _apply(ctx, key, runner, plan.actions)
+    refused, optional = await _apply(ctx, key, runner, plan.actions)
     count_writes(ctx)
     ensure_acting(ctx)
+    body = await _surges_refused(ctx, runner, body, optional)
     for event in plan.events:
         # After a refusal, "created" is not what happened: the Blocked Warning says what did.
         if refused is None or event.reason != events.CHILDREN_CREATED:
@@ -162,9 +164,11 @@ def log_decision(body: Mapping[str, Any], plan: decide.Plan) -> None:
 
 async def _apply(
     ctx: OperatorContext, key: JobKey, runner: JobRunner, actions: Sequence[decide.Action]
-) -> decide.Refusal | None:
+) -> tuple[decide.Refusal | None, list[decide.Refusal]]:
     """Apply the actions in order, a run of pod creates (or of pod deletes) side by side; stop at a
-    create the API server refuses for good and return it (the first in order)."""
+    create the API server refuses for good and return it (the first in order), with the optional
+    creates it refused before (surge pods: the job does without them)."""
+    optional: list[decide.Refusal] = []
     for batch in _batches(actions):
         due = [action for action in batch if not _known_recently(runner, action)]
         if not due:
@@ -172,14 +176,39 @@ async def _apply(
         ensure_acting(ctx)
         errors = await _apply_side_by_side(ctx, key[0], due)
         for action, error in zip(due, errors, strict=True):
-            if isinstance(error, kube.RefusedError):
-                return error.refusal
+            if isinstance(error, kube.RefusedError) and isinstance(action, decide.CreateObject):
+                if action.optional:
+                    optional.append(error.refusal)
+                    continue
+                return error.refusal, optional
             if error is not None:
                 raise error
             child = known_child(action)
             if child is not None:
                 runner.known_children[child] = time.monotonic()
-    return None
+    return None, optional
+
+
+async def _surges_refused(
+    ctx: OperatorContext, runner: JobRunner, body: dict[str, Any], refusals: Sequence[decide.Refusal]
+) -> dict[str, Any]:
+    """Surge pods the API server refused (a quota with no room for one more pod): their entries leave
+    status, so that no pass asks again, and a Warning says why (`decide.surge_refused`); nothing is
+    blocked. The job as written (on a conflict, as it was: the next pass asks once more)."""
+    status: dict[str, Any] = dict(body.get("status") or {})
+    emitted: list[decide.Event] = []
+    for refusal in refusals:
+        logger.info("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], refusal.describe())
+        status, _, found = decide.surge_refused(status, refusal.name, refusal.describe())
+        emitted += found
+    if not emitted:
+        return body
+    written = await write_status(ctx, body, status, runner)
+    if written is None:
+        return body
+    for event in emitted:
+        post_event(written, event)
+    return written
 
 
 def _side_by_side_kind(action: decide.Action) -> str | None:

@@ -390,8 +390,8 @@ class ResilientTrainingJobSpec(ApiModel):
     )
     disruption: DisruptionSpec = Field(
         default_factory=DisruptionSpec,
-        description="disruption configures the do-not-disrupt annotation, a PodDisruptionBudget and "
-        "moving on notice. Optional.",
+        description="disruption configures the do-not-disrupt annotation, a PodDisruptionBudget, "
+        "moving on notice and surge pods. Optional.",
     )
     rendezvous: Annotated[RendezvousSpec, Immutable()] = Field(
         default_factory=RendezvousSpec,

@@ -1,4 +1,5 @@
-"""spec.disruption: planned disruptions (do-not-disrupt, the workers' PodDisruptionBudget)."""
+"""spec.disruption: planned disruptions (do-not-disrupt, the workers' PodDisruptionBudget, moving on a
+notice, surge pods)."""
 
 from __future__ import annotations
 
@@ -44,4 +45,16 @@ class DisruptionSpec(ApiModel):
         "checkpoint on SIGTERM and its replacement goes to another node before the eviction comes. "
         "Optional; default: false (the worker stays until it is evicted; a spot interruption notice moves "
         "it either way).",
+    )
+    surge: Flag = Field(
+        default=True,
+        description="surge creates a surge pod <job>-surge-<i> as soon as worker i's pod is deleted with a "
+        "grace period on a node that is not lost (a drain, an eviction, a move on notice) and no ready hot "
+        "spare can take its place: it holds no rank and asks for the replacement's node (scheduling, node "
+        "provisioning, the image pull) while the old pod still saves its checkpoint; once the old pod is "
+        "gone the replacement is pinned to the surge pod's node if it runs there, and the surge pod is "
+        "deleted. Never where the spares take part in the training (faultTolerance.launcher Supervisor, "
+        "rendezvous.spares Standby) nor with scheduling.gang. Optional; default: true (a surge asks earlier "
+        "for the node the replacement would ask for anyway; false: the replacement asks once the old pod "
+        "is gone).",
     )
