@@ -330,6 +330,11 @@ def check_standby_support(env: TrainerEnv, version: tuple[int, ...]) -> None:
         )
 
 
+# How often an idle spare looks for its SIGTERM (a sleep resumes after the handler ran): a surge pod
+# or a given-up spare leaves its node for the replacement within this.
+SPARE_POLL_SECONDS: Final = 0.05
+
+
 def idle_as_spare() -> int:
     """Hold the node until the operator deletes the pod (SIGTERM)."""
     from rtj_trainer.runtime.supervisor import record_release_signals
@@ -337,7 +342,7 @@ def idle_as_spare() -> int:
     released = record_release_signals()
     log.info("hot spare: holding the node until SIGTERM")
     while not released:
-        time.sleep(0.5)
+        time.sleep(SPARE_POLL_SECONDS)
     log.info("hot spare: %s received, releasing the node", signal.Signals(released[0]).name)
     return 0
 
