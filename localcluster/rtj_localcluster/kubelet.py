@@ -92,6 +92,13 @@ MARKED_PROCESSES = MachineScan((MARK_NODE, MARK_POD, MARK_CONTAINER))
 _HOST_ENV_DROPPED = ("KUBECONFIG", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "RTJ_TEST_KUBECONFIG")
 
 
+def host_python_path(value: str) -> list[str]:
+    """The host's PYTHONPATH entries, each made absolute: a container runs in its own working
+    directory, where a relative entry (``PYTHONPATH=.venv/nvrx-0.7.0 rtj bench ...``) would name
+    nothing."""
+    return [os.path.abspath(entry) for entry in value.split(os.pathsep) if entry]
+
+
 @dataclass
 class KubeletConfig:
     """What every kubelet of a cluster shares."""
@@ -285,8 +292,7 @@ class ContainerLauncher:
         config = self.worker.kubelet.config
         env = {k: v for k, v in os.environ.items() if k not in _HOST_ENV_DROPPED}
         env["PATH"] = f"{config.bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
-        existing = env.get("PYTHONPATH")
-        env["PYTHONPATH"] = f"{SITE_DIR}{os.pathsep}{existing}" if existing else str(SITE_DIR)
+        env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *host_python_path(env.get("PYTHONPATH", ""))])
         env["TMPDIR"] = str(self.worker.tmp_dir)
         env["HOME"] = str(self.worker.dir / "work")
         env["HOSTNAME"] = self.worker.pod.get("spec", {}).get("hostname") or self.worker.name

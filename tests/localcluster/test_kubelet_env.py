@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rtj_localcluster.kubelet import host_file_of_the_image
+from rtj_localcluster.kubelet import host_file_of_the_image, host_python_path
 from rtj_localcluster.podenv import (
     container_argv,
     expand_references,
@@ -59,6 +59,17 @@ def test_a_host_file_of_the_image_under_a_mount_is_not_rewritten(tmp_path: Path)
     assert rewrite_path(python, mounts, host_file_of_the_image) == str(
         scratch / "checkout" / ".venv" / "bin" / "python"
     )
+
+
+def test_a_relative_host_python_path_names_the_same_directories_from_a_containers_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert host_python_path(".venv/nvrx-0.7.0::/abs/site") == [
+        str(tmp_path / ".venv/nvrx-0.7.0"),
+        "/abs/site",
+    ]
+    assert host_python_path("") == []
 
 
 def test_expand_references() -> None:
