@@ -61,7 +61,20 @@ def test_commands_of_this_interpreter_are_forked_and_others_started_afresh(tmp_p
     assert forked.entry_module(forked.Program("/venv/bin/rtj-train", ("rtj-train",))) == (
         "rtj_trainer.reference.train"
     )
+    # A -m module's or a script's top-level code is the program: never imported in rtj-launch.
+    assert forked.entry_module(forked.Program("pkg.mod", ("pkg.mod",), module=True)) is None
+    assert forked.entry_module(forked.Program(str(script), (str(script),))) is None
     assert not forked.fork_enabled({forked.FORK_RANKS_ENV: "0"}) and forked.fork_enabled({})
+
+
+def test_a_module_that_exits_on_import_does_not_end_rtj_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    program = forked.Program(str(tmp_path / "x"), ("x",))
+    loaded = forked.preload(program, {forked.PRELOAD_MODULES_ENV: "exits_on_import"})
+    assert "exits_on_import" not in loaded and "torch" in loaded
 
 
 def test_a_forked_rank_runs_the_program_as_a_new_interpreter_would(tmp_path: Path) -> None:

@@ -97,9 +97,11 @@ def program_of(command: Sequence[str], python: str = sys.executable) -> Program 
 
 
 def entry_module(program: Program) -> str | None:
-    """The module a console script of this environment runs (rtj-train: rtj_trainer.reference.train)."""
+    """The module a console script of this environment runs (rtj-train: rtj_trainer.reference.train),
+    which holds its ``main``. None for ``python -m module`` and ``python script.py``: their top-level
+    code is the program, which must run once, as ``__main__``, in each rank."""
     if program.module:
-        return program.target
+        return None
     name = Path(program.target).name
     for entry in importlib.metadata.entry_points(group="console_scripts", name=name):
         return entry.module
@@ -115,8 +117,12 @@ def preload(program: Program, environ: Mapping[str, str]) -> list[str]:
     for name in [*ALWAYS_PRELOADED, *([entry] if entry else []), *extra]:
         try:
             importlib.import_module(name)
-        except Exception as err:  # any import error is the rank's to meet, as a new process would
-            log.warning("could not preload %s (%s): the ranks import it themselves", name, err)
+        except KeyboardInterrupt:
+            raise
+        except (
+            BaseException
+        ) as err:  # an import that fails or exits is the rank's to meet, as a new process's
+            log.warning("could not preload %s (%r): the ranks import it themselves", name, err)
             continue
         loaded.append(name)
     return loaded
