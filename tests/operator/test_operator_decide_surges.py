@@ -204,14 +204,19 @@ def test_no_surge_where_the_spares_take_part_in_the_training() -> None:
         assert surges_ever_created(world) == [] and events.SURGE_CREATED not in world.reasons()
 
 
-def test_a_gang_restart_makes_no_surge_and_drops_the_one_there_is() -> None:
-    world = running_world(nodes=3, node_count=7)
-    drained(world, 1)
+def with_running_surge(world: World, index: int) -> None:
+    """Worker `index` drained, and its surge pod running."""
+    drained(world, index)
     world.reconcile()
     world.schedule()
-    start(world, SURGE, 1)
+    start(world, SURGE, index)
     world.reconcile()
-    assert [e["index"] for e in surge_entries(world)] == [1]
+    assert [e["index"] for e in surge_entries(world)] == [index]
+
+
+def test_a_gang_restart_makes_no_surge_and_drops_the_one_there_is() -> None:
+    world = running_world(nodes=3, node_count=7)
+    with_running_surge(world, 1)
     # Worker 0 hosts the rendezvous (FtLauncher): its drain restarts every worker.
     drained(world, 0)
     world.reconcile()
@@ -227,12 +232,7 @@ def test_a_surge_pod_goes_when_the_job_is_suspended_or_fails() -> None:
     suspended = running_world(nodes=2, node_count=5)
     failing = running_world(nodes=3, node_count=7, failurePolicy={"maxNodeReplacements": 0})
     for world in (suspended, failing):
-        drained(world, 1)
-        world.reconcile()
-        world.schedule()
-        start(world, SURGE, 1)
-        world.reconcile()
-        assert [e["index"] for e in surge_entries(world)] == [1]
+        with_running_surge(world, 1)
     suspended.job["spec"]["suspend"] = True
     suspended.reconcile()
     failing.node_not_ready(node_of(failing, WORKER, 2))  # a node loss the budget does not allow
