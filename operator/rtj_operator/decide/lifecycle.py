@@ -26,7 +26,15 @@ from rtj_operator.api import EntryState
 from rtj_operator.decide import conditions as cond
 from rtj_operator.decide import milestones, training
 from rtj_operator.decide.actions import Action, CreateObject, DeleteJob, DeleteObject, Event, TaintNode
-from rtj_operator.decide.state import SPARE, STORE, STORE_KEY, SURGE, WORKER, PassState, drop_surges
+from rtj_operator.decide.state import (
+    SPARE,
+    STORE,
+    STORE_KEY,
+    WORKER,
+    PassState,
+    drop_surges,
+    entries_per_role,
+)
 from rtj_operator.observe import JobView
 
 # The Ready condition names at most this many workers whose containers cannot start.
@@ -53,12 +61,7 @@ def remove_surplus(run: PassState) -> None:
     """Pods and entries with an index beyond the spec (it shrank, or someone made them) go."""
     for pod in run.stray:
         run.remove_pod(pod)
-    limits = {
-        WORKER: run.job.nodes,
-        SPARE: run.job.hot_spares,
-        SURGE: run.job.nodes,
-        STORE: 1 if run.job.store_pod else 0,
-    }
+    limits = entries_per_role(run.job)
     for key in [k for k in run.entries if k[1] >= limits.get(k[0], run.job.hot_spares)]:
         del run.entries[key]
 

@@ -31,7 +31,16 @@ from rtj_operator import events, render
 from rtj_operator.api import EntryState, PodStatus
 from rtj_operator.decide import failures, surges
 from rtj_operator.decide.actions import CreateObject
-from rtj_operator.decide.state import SPARE, STORE_KEY, SURGE, WORKER, PassState, pinned_nodes, spares_to_take
+from rtj_operator.decide.state import (
+    SPARE,
+    STORE_KEY,
+    SURGE,
+    WORKER,
+    PassState,
+    discard_pod,
+    pinned_nodes,
+    spares_to_take,
+)
 from rtj_operator.observe import PodState
 
 
@@ -247,8 +256,7 @@ def release_spare_on(run: PassState, node: str) -> None:
             _give_up_spare(run, k, pod)
     for key, pod in sorted(run.pods.items()):
         if key[0] == SURGE and pod.node_name == node and not pod.deleting:
-            run.remove_pod(pod)
-            del run.pods[key]  # deleted once; `surges` wants it again, elsewhere, if still due
+            discard_pod(run, key)  # `surges` wants it again, elsewhere, if still due
 
 
 def _give_up_spare(run: PassState, index: int, pod: PodState) -> None:

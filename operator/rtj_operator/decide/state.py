@@ -49,6 +49,11 @@ EntryKey = tuple[str, int]  # (role, index)
 COUNTERS = ("node_losses", "pod_replacements", "gang_restarts", "surges_created", "surges_used")
 
 
+def entries_per_role(job: JobView) -> dict[str, int]:
+    """How many pods (and status entries) of each role the job has room for: index 0 up to this."""
+    return {WORKER: job.nodes, SPARE: job.hot_spares, SURGE: job.nodes, STORE: 1 if job.store_pod else 0}
+
+
 def _avoided_now(node: NodeState, health: NodeHealth) -> bool:
     """Whether new pods are kept off the node for now: a health signal or a planned disruption."""
     return node_health_problem(node, health) is not None or node_disruption(node, health) is not None
@@ -107,13 +112,7 @@ class PassState:
         for pod in observed.pods:
             if pod.name != job.pod_name(pod.role, pod.index):
                 continue  # not a name this job creates: someone else's pod carrying our labels
-            limit = {
-                WORKER: job.nodes,
-                SPARE: job.hot_spares,
-                SURGE: job.nodes,
-                STORE: 1 if job.store_pod else 0,
-            }[pod.role]
-            if pod.index >= limit:
+            if pod.index >= entries_per_role(job)[pod.role]:
                 stray.append(pod)
             else:
                 pods[(pod.role, pod.index)] = pod
@@ -303,33 +302,40 @@ class PassState:
 # -- steps of several policies, on the pass state --
 
 
+def discard_pod(run: PassState, key: EntryKey) -> PodState | None:
+    """Delete the pod of `key` (force on a dead node) and forget it for the rest of the pass, so that
+    it is deleted once; the pod, if there was one."""
+    pod = run.pods.pop(key, None)
+    if pod is not None:
+        run.remove_pod(pod)
+    return pod
+
+
 def drop_surges(run: PassState) -> None:
     """Delete every surge pod and forget every surge wanted (`decide.surges`): a job that stops
     (suspended, finished, failed) or restarts its gang replaces no worker on a surge's node."""
-    for (role, _), pod in sorted(run.pods.items()):
-        if role == SURGE:
-            run.remove_pod(pod)
-    for key in [k for k in run.pods if k[0] == SURGE]:
-        del run.pods[key]  # gone for the rest of the pass: deleted once
+    for key in sorted(k for k in run.pods if k[0] == SURGE):
+        discard_pod(run, key)
     for key in [k for k in run.entries if k[0] == SURGE]:
         del run.entries[key]
 
 
+def holds_fit_node(run: PassState, pod: PodState, excluded: Sequence[str]) -> bool:
+    """Whether `pod` (a spare or a surge pod) runs, ready, on a node a replacement may be pinned to:
+    not being deleted, the node not in `excluded` and showing no problem."""
+    if pod.deleting or not pod.ready or pod.phase != "Running" or not pod.node_name:
+        return False
+    return pod.node_name not in excluded and run.problem(pod) is None
+
+
 def spares_to_take(run: PassState, excluded: Sequence[str]) -> list[tuple[int, PodState]]:
-    """The ready hot spares on fit nodes (not in `excluded`, no problem) that replacements may take,
-    with their indices, in order; never one that takes part in the training (Supervisor's reserve
-    ranks, FtLauncher's standby node, which may already hold the lost worker's rank)."""
+    """The ready hot spares on fit nodes (`holds_fit_node`) that replacements may take, with their
+    indices, in order; never one that takes part in the training (Supervisor's reserve ranks,
+    FtLauncher's standby node, which may already hold the lost worker's rank)."""
     if run.job.spares_in_training:
         return []
-    found = []
-    for k in range(run.job.hot_spares):
-        pod = run.pod(SPARE, k)
-        if pod is None or pod.deleting or not pod.ready or pod.phase != "Running" or not pod.node_name:
-            continue
-        if pod.node_name in excluded or run.problem(pod) is not None:
-            continue
-        found.append((k, pod))
-    return found
+    spares = ((k, run.pod(SPARE, k)) for k in range(run.job.hot_spares))
+    return [(k, pod) for k, pod in spares if pod is not None and holds_fit_node(run, pod, excluded)]
 
 
 def pinned_nodes(run: PassState, *, except_index: int | None = None) -> set[str]:

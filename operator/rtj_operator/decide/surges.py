@@ -37,7 +37,15 @@ from typing import Any
 from rtj_operator import events, render
 from rtj_operator.api import EntryState
 from rtj_operator.decide.actions import CreateObject, Event
-from rtj_operator.decide.state import SURGE, WORKER, PassState, pinned_nodes, spares_to_take
+from rtj_operator.decide.state import (
+    SURGE,
+    WORKER,
+    PassState,
+    discard_pod,
+    holds_fit_node,
+    pinned_nodes,
+    spares_to_take,
+)
 from rtj_operator.observe import PodState
 
 
@@ -146,9 +154,7 @@ def _unfit(run: PassState, pod: PodState) -> bool:
 
 
 def _drop(run: PassState, index: int) -> None:
-    pod = run.pods.pop((SURGE, index), None)
-    if pod is not None:
-        run.remove_pod(pod)
+    discard_pod(run, (SURGE, index))
     run.entries.pop((SURGE, index), None)
 
 
@@ -156,22 +162,10 @@ def take_surge(run: PassState, index: int, excluded: Sequence[str]) -> str | Non
     """The node of worker `index`'s surge pod, for its replacement being created now, if the surge pod
     runs there, ready, on a node still fit (not in `excluded`); the surge pod is deleted either way."""
     entry = run.entries.pop((SURGE, index), None)
-    pod = run.pods.pop((SURGE, index), None)
-    if pod is None:
-        return None
     # Graceful: the replacement is pinned to the node by required affinity, so the scheduler waits
     # until the surge pod has left it (a surge pod on a dead node is force-deleted).
-    run.remove_pod(pod)
-    usable = (
-        entry is not None
-        and not pod.deleting
-        and pod.ready
-        and pod.phase == "Running"
-        and bool(pod.node_name)
-        and pod.node_name not in excluded
-        and not _unfit(run, pod)
-    )
-    if not usable:
+    pod = discard_pod(run, (SURGE, index))
+    if pod is None or entry is None or not holds_fit_node(run, pod, excluded) or _unfit(run, pod):
         return None
     run.event(
         events.NORMAL,
