@@ -97,6 +97,16 @@ def cluster(local_cluster: LocalCluster) -> LocalCluster:
     return local_cluster
 
 
+def pod_quota(kubeconfig: Path, namespace: str, pods: int) -> None:
+    """A ResourceQuota of `pods` pods in `namespace`, once the API server enforces it."""
+    kubectl(kubeconfig, "-n", namespace, "create", "quota", "pods", f"--hard=pods={pods}")
+    wait_for(
+        lambda: get(kubeconfig, "-n", namespace, "resourcequota", "pods").get("status", {}).get("hard"),
+        timeout=60,
+        message="the quota's status",
+    )
+
+
 def test_lifecycle_children_status_columns_and_deletion(kubeconfig: Path, tmp_path: Path) -> None:
     install_crd(kubeconfig)
     namespace = new_namespace(kubeconfig)
@@ -450,12 +460,7 @@ def test_a_child_refused_by_a_resource_quota_is_a_condition_and_is_not_retried(
 
     monkeypatch.setattr(kube.Kube, "create", counting_create)
     try:
-        kubectl(kubeconfig, "-n", namespace, "create", "quota", "pods", "--hard=pods=1")
-        wait_for(
-            lambda: get(kubeconfig, "-n", namespace, "resourcequota", "pods").get("status", {}).get("hard"),
-            timeout=60,
-            message="the quota's status",
-        )
+        pod_quota(kubeconfig, namespace, 1)
         with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
             manifest = job_manifest("quota", namespace, nodes=2, instanceType=_instance_type(kubeconfig))
             apply(kubeconfig, manifest, tmp_path)
@@ -500,12 +505,7 @@ def test_a_surge_pod_refused_by_a_resource_quota_blocks_nothing_and_is_not_asked
     install_crd(kubeconfig)
     namespace = new_namespace(kubeconfig)
     try:
-        kubectl(kubeconfig, "-n", namespace, "create", "quota", "pods", "--hard=pods=2")
-        wait_for(
-            lambda: get(kubeconfig, "-n", namespace, "resourcequota", "pods").get("status", {}).get("hard"),
-            timeout=60,
-            message="the quota's status",
-        )
+        pod_quota(kubeconfig, namespace, 2)
         with EmbeddedOperator(str(kubeconfig), namespaces=[namespace]):
             manifest = job_manifest(
                 "surge",
