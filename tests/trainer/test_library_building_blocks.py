@@ -8,15 +8,19 @@ when its process ends)."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import rtj_trainer
 import torch
+import torch.distributed as dist
+from rtj_localcluster.ports import reserve_port
 
 CPU = torch.device("cpu")
 
@@ -119,6 +123,41 @@ def test_sigterm_with_the_drain_file_requests_a_drain_and_any_other_ends_the_pro
     marker.unlink()
     stopped = _run_drain_program(marker)  # ft_launcher stopping its workers: no drain file
     assert stopped.returncode == -signal.SIGTERM and stopped.stdout == ""
+
+
+def _agreeing_on_drains(rank: int, ports: list[int], out: str) -> None:
+    """One rank of two calling `agreed` once a step; rank 1's pod asks to drain before call 2, and
+    the process group is made anew after call 4, as an in-process restart does."""
+    request = rtj_trainer.DrainRequest(None)
+    answers: list[bool] = []
+    for group in range(2):
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{ports[group]}", rank=rank, world_size=2
+        )
+        for call in range(5 if group == 0 else 2):
+            if rank == 1 and group == 0 and call == 2:
+                request.requested = True  # what the SIGTERM handler sets
+            answers.append(request.agreed(CPU))
+            time.sleep(0.05)  # the step the all-reduce overlaps
+        dist.barrier()
+        dist.destroy_process_group()
+    Path(out).write_text(json.dumps(answers))
+
+
+def test_every_rank_learns_of_a_drain_at_the_same_step_one_step_after_it_was_asked(tmp_path: Path) -> None:
+    """The agreement's all-reduce runs while the next step computes: the answer comes one call later,
+    the same on both ranks; a new process group starts from no answer (the request still stands)."""
+    ports = [reserve_port(), reserve_port()]
+    ctx = multiprocessing.get_context("spawn")
+    outs = [tmp_path / f"rank{r}.json" for r in (0, 1)]
+    procs = [ctx.Process(target=_agreeing_on_drains, args=(r, ports, str(outs[r]))) for r in (0, 1)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+        assert proc.exitcode == 0
+    expected = [False, False, False, True, True, False, True]
+    assert [json.loads(out.read_text()) for out in outs] == [expected, expected]
 
 
 def test_a_drain_request_without_a_drain_file_never_drains() -> None:
