@@ -546,6 +546,36 @@ def test_several_sinks_each_throttled_on_its_own(tmp_path: Path) -> None:
         progress.make_sink(" , ")
 
 
+def test_a_sink_with_its_own_cadence_is_not_held_to_the_interval(tmp_path: Path) -> None:
+    """`file:x@0` (the demo's timeline) takes every step; the endpoint, the other sinks and the node
+    state keep their cadence, so a step costs one line, not three file writes."""
+    timeline, slow, live = tmp_path / "timeline.jsonl", tmp_path / "slow.jsonl", tmp_path / "progress.json"
+    sink = progress.make_sink(
+        f"endpoint,file:{timeline}@0,file:{slow}", {progress.PROGRESS_FILE_ENV: str(live)}
+    )
+    reporter = progress.Reporter(
+        sink, str(tmp_path / "ck"), interval_seconds=3600, live_interval_seconds=3600
+    )
+    p = progress.Progress(node_rank=0, train_start_time=0.0)
+    for step in range(1, 6):
+        p.step = step
+        reporter.report(p)
+    assert [json.loads(line)["step"] for line in timeline.read_text().splitlines()] == [1, 2, 3, 4, 5]
+    assert [json.loads(line)["step"] for line in slow.read_text().splitlines()] == [1]
+    assert json.loads(live.read_text())["step"] == 1
+    assert progress.load_node_state(str(tmp_path / "ck"), 0)["step"] == 1
+    # A cadence of a few seconds holds that sink back, whatever the interval (0 here: every report).
+    held = tmp_path / "held.jsonl"
+    reporter = progress.Reporter(
+        progress.make_sink(f"file:{held}@3600"), str(tmp_path / "ck"), interval_seconds=0
+    )
+    for step in range(6, 9):
+        p.step = step
+        reporter.report(p)
+    assert [json.loads(line)["step"] for line in held.read_text().splitlines()] == [6]
+    assert progress.load_node_state(str(tmp_path / "ck"), 0)["step"] == 8
+
+
 @pytest.mark.slow
 def test_spare_idles_until_sigterm(tmp_path: Path) -> None:
     import os

@@ -5,8 +5,9 @@ sinks chosen by ``RTJ_PROGRESS_SINK``: ``endpoint`` (the newest report in the po
 ``RTJ_PROGRESS_FILE``, which ``rtj-launch`` serves on the pod's progress port for the operator to
 read, with the trainer's Prometheus metrics: ``rtj_trainer.runtime.endpoint``), ``file:<path>`` (one JSON
 line per report, for tests and benchmarks) or ``none``, or several of them separated by commas, each
-optionally throttled on its own (``file:x@2``). No sink talks to the Kubernetes API: the trainer's
-ServiceAccount holds no permission at all. Reports are throttled to one per
+optionally with a cadence of its own (``file:x@2``: at most every 2 s; ``@0``: every report the
+trainer makes, one a step). No sink talks to the Kubernetes API: the trainer's ServiceAccount holds
+no permission at all. The other sinks' reports are throttled to one per
 ``RTJ_PROGRESS_INTERVAL_SECONDS`` except on a checkpoint commit, a recovery or the end; the endpoint
 file, a local write, gets one at least every second (:data:`LIVE_INTERVAL_SECONDS`) and those at
 once. Each throttled report is also kept in
@@ -319,9 +320,10 @@ class EndpointSink:
 
 
 class ThrottledSink:
-    """Passes a report on at most once per `interval_seconds`, except one that changes what the
-    operator acts on or shows at once (a checkpoint commit, a restart, a recovery event, a fault
-    blamed on the node, the end)."""
+    """Passes a report on at most once per `interval_seconds` (0: every one), except one that changes
+    what the operator acts on or shows at once (a checkpoint commit, a restart, a recovery event, a
+    fault blamed on the node, the end). A sink's own cadence: the Reporter sends it every report,
+    whatever its interval (`SinksByCadence`)."""
 
     _URGENT_KEYS: Final = ("lastCheckpoint", "restarts", "events", "finished", "nodeFaults")
 
@@ -332,6 +334,9 @@ class ThrottledSink:
         self._last_urgent: tuple[str, ...] | None = None
 
     def send(self, report: dict[str, Any]) -> None:
+        if self.interval <= 0:
+            self.sink.send(report)
+            return
         now = time.monotonic()
         urgent = tuple(json.dumps(report.get(key), sort_keys=True) for key in self._URGENT_KEYS)
         if urgent == self._last_urgent and now - self._last_time < self.interval:
@@ -384,12 +389,24 @@ def make_sink(spec: str, environ: Mapping[str, str] | None = None) -> Sink:
     return sinks[0] if len(sinks) == 1 else MultiSink(sinks)
 
 
-def _split_live(sink: Sink) -> tuple[list[Sink], Sink]:
-    """The sinks that take every report (`live`), and the rest (throttled by the Reporter)."""
+@dataclasses.dataclass(frozen=True)
+class SinksByCadence:
+    """A reporter's sinks by how often each is sent a report: the live ones (the endpoint) at least
+    every :data:`LIVE_INTERVAL_SECONDS`; those with their own `@<seconds>` throttle every report the
+    trainer makes, which they throttle themselves (`@0`: every step); the rest with the node state,
+    once per `RTJ_PROGRESS_INTERVAL_SECONDS`."""
+
+    live: list[Sink]
+    own_cadence: list[Sink]
+    with_node_state: Sink
+
+
+def _by_cadence(sink: Sink) -> SinksByCadence:
     sinks = sink.sinks if isinstance(sink, MultiSink) else [sink]
     live = [s for s in sinks if getattr(s, "live", False)]
-    rest = [s for s in sinks if not getattr(s, "live", False)]
-    return live, (rest[0] if len(rest) == 1 else MultiSink(rest))
+    own: list[Sink] = [s for s in sinks if isinstance(s, ThrottledSink)]
+    rest = [s for s in sinks if s not in live and s not in own]
+    return SinksByCadence(live, own, rest[0] if len(rest) == 1 else MultiSink(rest))
 
 
 def node_state_path(checkpoint_dir: str | os.PathLike[str], node_rank: int) -> Path:
@@ -450,7 +467,8 @@ class ReportingLock:
 
 
 class Reporter:
-    """Throttles reports to the sink and persists the node state; live sinks get every report.
+    """Sends reports to its sinks, each at its cadence (:class:`SinksByCadence`), and persists the node
+    state with the sinks throttled to the interval.
 
     Public as ``rtj_trainer.Reporter`` (docs/library.md), made by :meth:`for_pod`."""
 
@@ -467,7 +485,8 @@ class Reporter:
         """``lock``: this rank reports while it holds the pod's reporting lock (:attr:`reports`)."""
         self.enabled = enabled  # only local rank 0 of a node reports
         self.lock = lock
-        self.live, self.sink = _split_live(sink)
+        sinks = _by_cadence(sink)
+        self.live, self.own_cadence, self.sink = sinks.live, sinks.own_cadence, sinks.with_node_state
         self.checkpoint_dir = checkpoint_dir
         self.interval = interval_seconds
         self.live_interval = min(live_interval_seconds, interval_seconds)
@@ -515,9 +534,11 @@ class Reporter:
             return False
         due = force or now - self._last >= self.interval
         live_due = bool(self.live) and (due or now - self._last_live >= self.live_interval)
-        if not due and not live_due:
+        if not due and not live_due and not self.own_cadence:
             return False
         report = progress_json(p, now)
+        for sink in self.own_cadence:
+            sink.send(report)
         if live_due:
             self._last_live = now
             for sink in self.live:
