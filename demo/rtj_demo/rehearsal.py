@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,17 +198,18 @@ def build_job(example: Mapping[str, Any], settings: JobSettings, *, rendezvous_p
     ft.setdefault("inProcess", {})["enabled"] = settings.in_process
     spec.setdefault("failurePolicy", {})["maxNodeReplacements"] = settings.max_node_replacements
     mount = ckpt.get("mountPath", "/checkpoints")
-    # The trainer's file sink writes one JSON line per report; with the interval at 0 that is one per
+    # The trainer's file sink writes one JSON line per report; at its own cadence of 0 that is one per
     # step, which the timeline needs. Its path is relative to the working directory, set to the
     # checkpoint mount: the kubelet rewrites a workingDir under a mount path to the volume's real
     # directory, but not a `file:` value, so this is how the file lands where the demo can read it.
-    # The progress endpoint, which the operator reads into the job's status, gets every step too.
+    # The progress endpoint, which the operator reads into the job's status, and the node state get
+    # one a second (and at once on a commit, a recovery or the end), not three file writes a step.
     spec["workingDir"] = mount
     env = [e for e in spec.get("env") or [] if e.get("name") not in _OWN_ENV]
     env += [
         {"name": "RTJ_FAULTS", "value": rtj_faults(settings.plan)},
-        {"name": "RTJ_PROGRESS_SINK", "value": f"endpoint,file:{settings.name}/{PROGRESS_FILE}"},
-        {"name": "RTJ_PROGRESS_INTERVAL_SECONDS", "value": "0"},
+        {"name": "RTJ_PROGRESS_SINK", "value": f"endpoint,file:{settings.name}/{PROGRESS_FILE}@0"},
+        {"name": "RTJ_PROGRESS_INTERVAL_SECONDS", "value": "1"},
     ]
     env += [{"name": k, "value": v} for k, v in settings.extra_env.items()]
     spec["env"] = env
@@ -258,6 +260,7 @@ class Stack:
         self.kubeconfig: Path | None = None
         self.operator: subprocess.Popen[bytes] | None = None
         self._operator_log: Any = None
+        self._operator_health = ""
         self.api: Any = None
 
     # -- bring-up ---------------------------------------------------------------------------------
@@ -278,6 +281,9 @@ class Stack:
         self._install_crd()
         if self.with_operator:
             self._start_operator()
+            # A job is submitted to an operator that runs, as a user's is: the figures from submission
+            # count the job's start-up, not the operator's own (1.5-2.5 s on two loaded cores).
+            _wait(self._operator_healthy, 120, "the operator's health endpoint")
 
     def _start_cluster(self) -> None:
         try:
@@ -342,6 +348,19 @@ class Stack:
                 return False
 
         _wait(is_established, 60, "the CRD to be established")
+        # Established is not yet served: until the API server's cache of the new resource is filled,
+        # a list is refused (429 "storage is (re)initializing"), and the operator's first watch would
+        # back off for seconds while the first job waits.
+        _wait(self._jobs_listed, 60, "the API server to serve the CRD's objects")
+
+    def _jobs_listed(self) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+        except ApiException:
+            return False
+        return True
 
     def _start_operator(self) -> None:
         if importlib.util.find_spec("rtj_operator.main") is None:
@@ -349,6 +368,7 @@ class Stack:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._operator_log = (self.out_dir / "operator.log").open("wb")
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        self._operator_health = f"http://127.0.0.1:{reserve_port()}/healthz"
         self.operator = subprocess.Popen(
             [
                 sys.executable,
@@ -359,12 +379,23 @@ class Stack:
                 NAMESPACE,
                 "--kubeconfig",
                 str(self.kubeconfig),
+                "--liveness",
+                self._operator_health,
             ],
             env=env,
             stdout=self._operator_log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def _operator_healthy(self) -> bool:
+        """Whether the operator answers its health endpoint (it has heard from the API server)."""
+        self.check_operator()
+        try:
+            with urllib.request.urlopen(self._operator_health, timeout=2) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
 
     def check_operator(self) -> None:
         if self.operator is not None and self.operator.poll() is not None:

@@ -172,9 +172,10 @@ def test_job_manifest_is_the_example_with_the_rehearsals_settings() -> None:
     assert env["RTJ_FAULTS"] == "sigkill@step=30,rank=2"
     # The progress file is relative to the working directory, the checkpoint mount.
     assert spec["workingDir"] == spec["checkpoint"].get("mountPath", "/checkpoints")
-    # Every step goes to the timeline file and to the progress endpoint (the operator's input).
-    assert env["RTJ_PROGRESS_SINK"] == "endpoint,file:demo/progress.jsonl"
-    assert env["RTJ_PROGRESS_INTERVAL_SECONDS"] == "0"
+    # Every step goes to the timeline file (its own cadence, 0); the progress endpoint (the operator's
+    # input) and the node state once a second.
+    assert env["RTJ_PROGRESS_SINK"] == "endpoint,file:demo/progress.jsonl@0"
+    assert env["RTJ_PROGRESS_INTERVAL_SECONDS"] == "1"
 
 
 def test_live_view_takes_whichever_source_is_further_along() -> None:
