@@ -1,8 +1,9 @@
 """The library's checkpoints and drains across two ranks (gloo on the CPU, two processes per run, an
 FSDP2 model): an async sharded save commits and loads back into a freshly sharded model and its
 optimizer (``load(like=...)`` rebuilds the DTensors), a SIGTERM on one rank's pod drains both:
-each commits the current step and exits with its drain code, and a byte flipped in one rank's shard
-of that checkpoint makes both ranks fall back to the one before it."""
+each commits the step after the SIGTERM's (the ranks' agreement is read a step after it starts) and
+exits with its drain code, and a byte flipped in one rank's shard of that checkpoint makes both
+ranks fall back to the one before it."""
 
 from __future__ import annotations
 
@@ -92,8 +93,11 @@ def main(phase, out):
         if rank == 0:
             os.kill(os.getpid(), signal.SIGTERM)  # the pod's SIGTERM, on this rank's pod only
         session.step(start + 1, loss=train_step(start + 1))
+        # The ranks' agreement runs while the next step computes: known one step later, on both.
+        assert not session.draining
+        session.step(start + 2, loss=train_step(start + 2))
         assert session.draining
-        session.drain(start + 1, state())
+        session.drain(start + 2, state())
 
 
 # The async checkpoint writer is a spawned process, which imports this file: the guard keeps it
@@ -180,14 +184,15 @@ def test_a_drain_commits_the_current_step_on_every_rank_and_exits_with_its_code(
 ) -> None:
     directory: Path = runs["dir"]
     assert runs["drained"] == [drain.DRAINED_EXIT_CODE, drain.PEER_DRAINED_EXIT_CODE], runs["logs"]
-    # The newest checkpoint when the drained run ended (the fallback run set it aside afterwards).
-    assert _json(directory / "drain-checkpoint.json") == {"step": 3}
+    # The newest checkpoint when the drained run ended (the fallback run set it aside afterwards): the
+    # step after the SIGTERM's, when both ranks learned of it.
+    assert _json(directory / "drain-checkpoint.json") == {"step": 4}
     # The drained pod's rank tells rtj-launch the committed step (its termination message); the peer not.
-    assert drain.step_file(directory / "pod-0" / "drain").read_text() == "3"
+    assert drain.step_file(directory / "pod-0" / "drain").read_text() == "4"
     assert not drain.step_file(directory / "pod-1" / "drain").exists()
     report = _json(directory / "pod-0" / "progress.json")
-    assert (report["step"], report["lastCheckpoint"]["step"], report["finished"]) == (3, 3, False)
-    assert "rtj-drain: rank=0 step=3 committed=True" in runs["logs"]["resume-0.log"]
+    assert (report["step"], report["lastCheckpoint"]["step"], report["finished"]) == (4, 4, False)
+    assert "rtj-drain: rank=0 step=4 committed=True" in runs["logs"]["resume-0.log"]
 
 
 @pytest.mark.slow
@@ -198,7 +203,7 @@ def test_a_flipped_byte_in_one_ranks_shard_makes_every_rank_fall_back_to_the_che
     assert runs["fell_back"] == [0, 0], runs["logs"]
     corrupt = _json(directory / "drain-checkpoint.json")["step"]
     for rank in (0, 1):
-        # Step 2's state, as saved: the drain's step 3 is not read on either rank.
+        # Step 2's state, as saved: the drain's step 4 is not read on either rank.
         assert _json(directory / f"fallback-{rank}.json") == {"start": 2, "same": True}, runs["logs"]
     assert "is corrupt: CRC-32" in runs["logs"]["fallback-1.log"]
     assert "is corrupt" not in runs["logs"]["fallback-0.log"]  # rank 0's shard was intact
