@@ -240,6 +240,49 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str, interval: fl
         time.sleep(interval)
 
 
+def install_crd(kubectl: Callable[..., str], custom: Any) -> None:
+    """Apply the CRD and wait until the API server serves its objects (`custom`: a CustomObjectsApi)."""
+    try:
+        from rtj_operator.api import crd_yaml
+    except ImportError as err:
+        raise MissingComponentError(f"the API models (rtj_operator.api) are missing: {err}") from err
+    kubectl("apply", "-f", "-", input_text=crd_yaml())
+    # Polled rather than `kubectl wait`, which fails at once while a new CRD has no conditions yet
+    # (and so does this jsonpath filter: an error is "not yet").
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+
+    def is_established() -> bool:
+        try:
+            return kubectl("get", f"crd/{PLURAL}.{GROUP}", "-o", f"jsonpath={established}") == "True"
+        except RuntimeError:
+            return False
+
+    _wait(is_established, 60, "the CRD to be established")
+    # Established is not yet served: until the API server's cache of the new resource is filled,
+    # a list is refused (429 "storage is (re)initializing"), and the operator's first watch would
+    # back off for seconds while the first job waits.
+    _wait(lambda: _jobs_listed(custom), 60, "the API server to serve the CRD's objects")
+
+
+def _jobs_listed(custom: Any) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+    except ApiException:
+        return False
+    return True
+
+
+def _answers_ok(url: str) -> bool:
+    """Whether a health endpoint answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
 class Stack:
     """The local cluster, the CRD and the operator subprocess, for one or more job runs."""
 
@@ -278,7 +321,7 @@ class Stack:
 
     def start(self) -> None:
         self._start_cluster()
-        self._install_crd()
+        install_crd(self.kubectl, self.custom)
         if self.with_operator:
             self._start_operator()
             # A job is submitted to an operator that runs, as a user's is: the figures from submission
@@ -331,37 +374,6 @@ class Stack:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout
 
-    def _install_crd(self) -> None:
-        try:
-            from rtj_operator.api import crd_yaml
-        except ImportError as err:
-            raise MissingComponentError(f"the API models (rtj_operator.api) are missing: {err}") from err
-        self.kubectl("apply", "-f", "-", input_text=crd_yaml())
-        # Polled rather than `kubectl wait`, which fails at once while a new CRD has no conditions yet
-        # (and so does this jsonpath filter: an error is "not yet").
-        established = '{.status.conditions[?(@.type=="Established")].status}'
-
-        def is_established() -> bool:
-            try:
-                return self.kubectl("get", f"crd/{PLURAL}.{GROUP}", "-o", f"jsonpath={established}") == "True"
-            except RuntimeError:
-                return False
-
-        _wait(is_established, 60, "the CRD to be established")
-        # Established is not yet served: until the API server's cache of the new resource is filled,
-        # a list is refused (429 "storage is (re)initializing"), and the operator's first watch would
-        # back off for seconds while the first job waits.
-        _wait(self._jobs_listed, 60, "the API server to serve the CRD's objects")
-
-    def _jobs_listed(self) -> bool:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
-        except ApiException:
-            return False
-        return True
-
     def _start_operator(self) -> None:
         if importlib.util.find_spec("rtj_operator.main") is None:
             raise MissingComponentError("the operator (rtj_operator.main, `rtj operator`) is not installed")
@@ -391,11 +403,7 @@ class Stack:
     def _operator_healthy(self) -> bool:
         """Whether the operator answers its health endpoint (it has heard from the API server)."""
         self.check_operator()
-        try:
-            with urllib.request.urlopen(self._operator_health, timeout=2) as answer:
-                return bool(answer.status == 200)
-        except OSError:
-            return False
+        return _answers_ok(self._operator_health)
 
     def check_operator(self) -> None:
         if self.operator is not None and self.operator.poll() is not None:
