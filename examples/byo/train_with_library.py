@@ -5,7 +5,7 @@ whose steps, loss, samples and tokens, checkpoints and drains the operator sees 
 Against ``train.py``: no ``--ckpt-dir`` (checkpoints go to the job's checkpoint volume every
 ``spec.checkpoint.intervalSteps`` steps, sharded per rank, written asynchronously and committed
 atomically), no step log line to match (the session reports), and a drain (the pod's SIGTERM)
-commits the current step before the processes exit. Run it under the operator with
+commits a step (the one after the SIGTERM's) before the processes exit. Run it under the operator with
 ``command: [python, /app/train_with_library.py]``.
 """
 

@@ -430,8 +430,9 @@ class ResilientTrainingJobSpec(ApiModel):
         default=DEFAULT_TERMINATION_GRACE_SECONDS,
         ge=0,
         le=3600,
-        description="terminationGracePeriodSeconds is the pods' grace period on deletion: on SIGTERM each "
-        "worker finishes its step and commits a checkpoint of it within this time (a drain), then exits. "
+        description="terminationGracePeriodSeconds is the pods' grace period on deletion: on SIGTERM the "
+        "workers finish the step in progress and the next one (by then every rank knows of the drain) and "
+        "commit a checkpoint of it within this time (a drain), then exit. "
         f"Optional; default: {DEFAULT_TERMINATION_GRACE_SECONDS}.",
     )
     env: list[EnvVar] = Field(
