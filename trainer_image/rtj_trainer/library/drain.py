@@ -14,10 +14,10 @@ The chain, from the kubelet down (docs/trainer.md, "Drains"):
 4. At the end of each step every rank agrees on whether any rank was asked to drain
    (:meth:`DrainRequest.agreed`: one small all-reduce, which runs while the next step computes and
    is answered at the end of that step, so no step waits for its round trip); if so, every rank
-   saves the step, waits for
-   the commit, and exits: the drained node's ranks with :data:`DRAINED_EXIT_CODE`, the others with
-   :data:`PEER_DRAINED_EXIT_CODE`, so their ft_launcher restarts them into a rendezvous that waits
-   for the drained node's replacement, which resumes from the drain's checkpoint (no step lost).
+   saves the step, waits for the commit, and exits: the drained node's ranks with
+   :data:`DRAINED_EXIT_CODE`, the others with :data:`PEER_DRAINED_EXIT_CODE`, so their ft_launcher
+   restarts them into a rendezvous that waits for the drained node's replacement, which resumes from
+   the drain's checkpoint (no step lost).
 5. The drained node's local rank 0 writes the committed step into ``<drain file>.step``;
    ``rtj-launch`` turns it into the container's termination message (:func:`termination_message`).
 """
@@ -101,7 +101,6 @@ class DrainRequest:
         import torch.distributed as dist
 
         if not dist.is_initialized() or dist.get_world_size() == 1:
-            self._pending = None
             return self.requested
         group = dist.distributed_c10d._get_default_group()
         pending, self._pending = self._pending, None

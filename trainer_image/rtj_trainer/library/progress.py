@@ -392,9 +392,9 @@ def make_sink(spec: str, environ: Mapping[str, str] | None = None) -> Sink:
 @dataclasses.dataclass(frozen=True)
 class SinksByCadence:
     """A reporter's sinks by how often each is sent a report: the live ones (the endpoint) at least
-    every :data:`LIVE_INTERVAL_SECONDS`; those with their own `@<seconds>` throttle every report the
-    trainer makes, which they throttle themselves (`@0`: every step); the rest with the node state,
-    once per `RTJ_PROGRESS_INTERVAL_SECONDS`."""
+    every :data:`LIVE_INTERVAL_SECONDS`; those with their own `@<seconds>` every report the trainer
+    makes, which they throttle themselves (`@0`: every step); the rest with the node state, once per
+    `RTJ_PROGRESS_INTERVAL_SECONDS`."""
 
     live: list[Sink]
     own_cadence: list[Sink]

@@ -120,9 +120,8 @@ def preload(program: Program, environ: Mapping[str, str]) -> list[str]:
             importlib.import_module(name)
         except KeyboardInterrupt:
             raise
-        except (
-            BaseException
-        ) as err:  # an import that fails or exits is the rank's to meet, as a new process's
+        except BaseException as err:
+            # An import that fails or exits is the rank's to meet, as a new process's would be.
             log.warning("could not preload %s (%r): the ranks import it themselves", name, err)
             continue
         loaded.append(name)
